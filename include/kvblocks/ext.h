@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+// kvblocks extensions beyond CANN's API: cache kinds and keys for the Python compatibility layer,
+// and link introspection. Not available when building against a real CANN install.
+#ifndef KVBLOCKS_EXT_H_
+#define KVBLOCKS_EXT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llm_datadist/llm_datadist.h"
+
+namespace kvblocks {
+
+// kvblocks option keys (documented in the README).
+constexpr const char OPTION_TRANSPORT[] = "kvblocks.Transport";     // auto | shm | tcp
+constexpr const char OPTION_AUTH_TOKEN[] = "kvblocks.AuthToken";    // shared secret for links
+constexpr const char OPTION_ROLE_CHECK[] = "kvblocks.RoleCheck";    // "1" (default) | "0"
+
+// How a cache may be addressed: kMix (C++ RegisterKvCache/AllocateCache) serves both block and
+// batch transfers; kBlocks and kCache mirror CANN's Python register_blocks_cache/register_cache.
+enum class CacheKind : uint8_t { kMix = 0, kBlocks = 1, kCache = 2 };
+
+// Data path of a link, as chosen at link time.
+enum class PathKind : uint8_t { kNone = 0, kInProcess = 1, kSharedMemory = 2, kTcp = 3 };
+
+struct KVBLOCKS_API ImplAccess {
+  // Registers (addrs non-empty) or allocates (addrs empty) a cache of the given kind;
+  // `key` >= 0 tags it for lookup by peers (CANN's BlocksCacheKey.model_id).
+  static llm_datadist::Status AddCache(llm_datadist::LlmDataDist &dd, const llm_datadist::CacheDesc &desc,
+                                       const std::vector<uint64_t> &addrs, CacheKind kind, int64_t key,
+                                       llm_datadist::Cache &out);
+  // Cache id of the peer's cache tagged `key` (from the link-time table), or LLM_KV_CACHE_NOT_EXIST.
+  static llm_datadist::Status FindRemoteCache(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t key,
+                                              int64_t &cache_id);
+  // Path used towards a linked peer: "inprocess", "shm", "cma", "tcp" or "" when not linked.
+  static std::string LinkPath(llm_datadist::LlmDataDist &dd, uint64_t cluster_id);
+  // Keeps the memory of an allocated cache mapped while the returned handle lives (null for
+  // registered memory, which the caller owns).
+  static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &dd, int64_t cache_id);
+  // Number of data channels currently open towards a peer (tests and introspection).
+  static int LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id);
+};
+
+}  // namespace kvblocks
+
+#endif  // KVBLOCKS_EXT_H_

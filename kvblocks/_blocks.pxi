@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: Apache-2.0
+# Block-list conversion and validation. Conversion needs the GIL only for Python sequences;
+# buffers (array('Q'), numpy) are read and checked without it.
+
+cdef extern from *:
+    """
+    static const unsigned long long KVB_UINT64_MAX = 0xFFFFFFFFFFFFFFFFULL;
+    """
+    const uint64_t UINT64_MAX_ "KVB_UINT64_MAX"
+
+# _check_pairs results: _OK, or one of the negative codes, or the index of the bad element.
+cdef enum:
+    _OK = -1
+    _EMPTY = -2
+    _LENGTH = -3
+
+
+cdef inline Py_ssize_t _check_pairs(const vector[uint64_t]& src, const vector[uint64_t]& dst,
+                                    bint local_is_dst, uint64_t limit) noexcept nogil:
+    """Non-empty, equal lengths, and every local index (dst for pull, src for push) < limit.
+
+    The bounds rule is the runtime's own (kvblocks/rules.h), so the layers cannot disagree.
+    """
+    if src.size() == 0:
+        return _EMPTY
+    if src.size() != dst.size():
+        return _LENGTH
+    cdef const uint64_t* p
+    if local_is_dst:
+        p = dst.data()
+    else:
+        p = src.data()
+    cdef size_t pos = FirstOutOfRange(p, src.size(), limit)
+    return _OK if pos == src.size() else <Py_ssize_t>pos
+
+
+cdef object _raise_pairs(Py_ssize_t code, const vector[uint64_t]& src, const vector[uint64_t]& dst,
+                         bint local_is_dst, uint64_t limit, str what):
+    if code == _EMPTY:
+        raise _errors.exception_for(LLM_PARAM_INVALID, what, "src_blocks is empty")
+    if code == _LENGTH:
+        raise _errors.exception_for(
+            LLM_PARAM_INVALID, what, f"src_blocks and dst_blocks differ in length ({src.size()} vs {dst.size()})")
+    name = "dst_blocks" if local_is_dst else "src_blocks"
+    value = dst[code] if local_is_dst else src[code]
+    raise _errors.exception_for(
+        LLM_PARAM_INVALID, what, f"{name}[{code}] = {value} is out of range for a cache of {limit} blocks")
+
+
+cdef int _as_blocks(object obj, vector[uint64_t]& out, str name) except -1:
+    """Converts a block list into `out`; TypeError for non-integers, ValueError for negatives."""
+    cdef Py_ssize_t i, n
+    cdef object x
+    if type(obj) is list or type(obj) is tuple:
+        n = len(obj)
+        out.resize(n)
+        for i in range(n):
+            x = obj[i]
+            if type(x) is not int:
+                if isinstance(x, (float, str, bytes)) or not hasattr(x, "__index__"):
+                    raise TypeError(f"{name}[{i}] must be an int, got {type(x).__name__}")
+                x = x.__index__()
+            if x < 0:
+                raise ValueError(f"{name}[{i}] = {x} is negative")
+            out[i] = PyLong_AsUnsignedLongLong(x)
+        return 0
+    if isinstance(obj, (str, bytes, bytearray)) or not PyObject_CheckBuffer(obj):
+        raise TypeError(f"{name} must be a list, tuple, array('Q') or integer ndarray, got {type(obj).__name__}")
+    return _buffer_blocks(obj, out, name)
+
+
+cdef extern from "Python.h":
+    bint PyObject_CheckBuffer(object obj)
+
+
+cdef int _buffer_blocks(object obj, vector[uint64_t]& out, str name) except -1:
+    cdef Py_buffer view
+    PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS)
+    cdef Py_ssize_t n, i, neg = -1
+    cdef char kind
+    cdef bint is_signed
+    try:
+        if view.ndim > 1:
+            raise TypeError(f"{name} must be one-dimensional")
+        fmt = (<bytes>view.format).lstrip(b"@=<")
+        if len(fmt) != 1 or fmt not in b"bBhHiIlLqQnN":
+            raise TypeError(f"{name} must hold integers, got buffer format {fmt!r}")
+        kind = fmt[0]
+        is_signed = fmt in b"bhilqn"
+        n = view.len // view.itemsize
+        out.resize(n)
+        with nogil:
+            neg = _widen(view.buf, view.itemsize, is_signed, n, out.data())
+        if neg >= 0:
+            raise ValueError(f"{name}[{neg}] is negative")
+    finally:
+        PyBuffer_Release(&view)
+    return 0
+
+
+cdef Py_ssize_t _widen(const void* buf, Py_ssize_t itemsize, bint is_signed, Py_ssize_t n,
+                       uint64_t* out) noexcept nogil:
+    """Copies n integers of `itemsize` bytes into uint64; returns the first negative index or -1."""
+    cdef Py_ssize_t i
+    cdef int64_t bad = 0
+    if itemsize == 8:
+        memcpy(out, buf, n * 8)
+        if is_signed:
+            for i in range(n):
+                bad |= <int64_t>out[i]
+            if bad < 0:
+                for i in range(n):
+                    if <int64_t>out[i] < 0:
+                        return i
+        return -1
+    for i in range(n):
+        if itemsize == 4:
+            if is_signed:
+                if (<const int32_t*>buf)[i] < 0:
+                    return i
+                out[i] = <uint64_t>(<const int32_t*>buf)[i]
+            else:
+                out[i] = (<const uint32_t*>buf)[i]
+        elif itemsize == 2:
+            if is_signed:
+                if (<const int16_t*>buf)[i] < 0:
+                    return i
+                out[i] = <uint64_t>(<const int16_t*>buf)[i]
+            else:
+                out[i] = (<const uint16_t*>buf)[i]
+        else:
+            if is_signed:
+                if (<const int8_t*>buf)[i] < 0:
+                    return i
+                out[i] = <uint64_t>(<const int8_t*>buf)[i]
+            else:
+                out[i] = (<const uint8_t*>buf)[i]
+    return -1
+
+
+def validate_blocks(src_blocks, dst_blocks, uint64_t num_blocks):
+    """Runs the transfer's block-list checks alone (no call): non-empty, equal lengths, and
+    every ``dst_blocks`` index below ``num_blocks``. Used by benchmarks and tooling.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A list is not a sequence of non-negative integers.
+    ParamInvalidError
+        A check failed.
+    """
+    cdef vector[uint64_t] src, dst
+    _as_blocks(src_blocks, src, "src_blocks")
+    _as_blocks(dst_blocks, dst, "dst_blocks")
+    cdef Py_ssize_t bad
+    with nogil:
+        bad = _check_pairs(src, dst, True, num_blocks)
+    if bad != _OK:
+        _raise_pairs(bad, src, dst, True, num_blocks, "validate_blocks")

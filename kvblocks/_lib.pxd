@@ -1,0 +1,30 @@
+# SPDX-License-Identifier: Apache-2.0
+# distutils: language = c++
+# The Cython API of kvblocks: `from kvblocks._lib cimport ...` in downstream extensions.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libcpp.memory cimport unique_ptr
+
+from kvblocks.includes.libkvblocks cimport CLlmDataDist, Status
+
+
+cdef int check_status(Status st, const char* what) except -1 nogil
+
+
+cdef class LlmDataDist:
+    cdef unique_ptr[CLlmDataDist] _impl
+    cdef readonly uint64_t cluster_id
+    cdef object _role
+    cdef CLlmDataDist* native(self) except NULL
+
+
+# Transfers callable from any nogil code: no Python objects, status returned.
+# Layer ranges are inclusive; (-1, -1) selects every layer.
+cdef Status pull_blocks_nogil(CLlmDataDist* dd, uint64_t src_cluster_id, int64_t src_cache_id,
+                              int64_t dst_cache_id, const uint64_t* src_blocks, const uint64_t* dst_blocks,
+                              size_t n, int32_t src_first, int32_t src_last, int32_t dst_first,
+                              int32_t dst_last, uint8_t tensor_num_per_layer) noexcept nogil
+
+cdef Status push_blocks_nogil(CLlmDataDist* dd, int64_t src_cache_id, uint32_t src_num_tensors,
+                              uint64_t dst_cluster_id, int64_t dst_cache_id, const uint64_t* src_blocks,
+                              const uint64_t* dst_blocks, size_t n, int32_t src_first, int32_t src_last,
+                              int32_t dst_first, int32_t dst_last, uint8_t tensor_num_per_layer) noexcept nogil

@@ -1,0 +1,529 @@
+# SPDX-License-Identifier: Apache-2.0
+# distutils: language = c++
+# cython: freethreading_compatible = False
+"""kvblocks core: Cython bindings over the C++ runtime (llm_datadist::LlmDataDist).
+
+Every transfer converts its block lists, validates them in ``nogil`` code and calls the runtime
+with the GIL released. Failures raise through one helper, :func:`check_status`.
+"""
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyObject_GetBuffer, PyBuffer_Release
+from cpython.long cimport PyLong_AsUnsignedLongLong
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from libc.string cimport memcpy
+from libcpp cimport bool as c_bool
+from libcpp.map cimport map as c_map
+from libcpp.memory cimport shared_ptr
+from libcpp.string cimport string as c_string
+from libcpp.utility cimport pair as c_pair
+from libcpp.vector cimport vector
+
+from kvblocks.includes.libkvblocks cimport *
+
+from kvblocks import _errors
+from kvblocks._errors import Status as _Status
+
+include "_types.pxi"
+include "_blocks.pxi"
+
+
+cdef int check_status(Status st, const char* what) except -1 nogil:
+    """Returns 0 on LLM_SUCCESS; otherwise takes the GIL and raises the mapped exception."""
+    if st == LLM_SUCCESS:
+        return 0
+    with gil:
+        raise _errors.exception_for(st, what.decode())
+
+
+cdef inline object _raise_param(str what, str detail):
+    raise _errors.exception_for(LLM_PARAM_INVALID, what, detail)
+
+
+cdef c_map[CAscendString, CAscendString] _options(object options) except *:
+    cdef c_map[CAscendString, CAscendString] out
+    if options is None:
+        return out
+    if not isinstance(options, dict):
+        raise TypeError(f"options must be a dict[str, str], got {type(options).__name__}")
+    for k, v in options.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError("options must map str to str")
+        out[CAscendString(k.encode())] = CAscendString(v.encode())
+    return out
+
+
+cdef CLlmRole _role(object role) except *:
+    if isinstance(role, bool) or not isinstance(role, int):
+        raise TypeError(f"role must be an LlmRole, got {type(role).__name__}")
+    cdef int r = role
+    return <CLlmRole>r
+
+
+cdef int _cluster_vector(object clusters, vector[CClusterInfo]& out) except -1:
+    if not isinstance(clusters, (list, tuple)):
+        raise TypeError("clusters must be a list of ClusterInfo")
+    cdef CClusterInfo ci
+    cdef CIpInfo ip
+    for c in clusters:
+        if not isinstance(c, ClusterInfo):
+            raise TypeError(f"clusters must contain ClusterInfo, got {type(c).__name__}")
+        ci.remote_cluster_id = (<ClusterInfo>c).remote_cluster_id
+        ci.remote_role_type = (<ClusterInfo>c).remote_role_type
+        ci.local_ip_infos.clear()
+        ci.remote_ip_infos.clear()
+        for i in (<ClusterInfo>c).local_ip_infos:
+            ip.ip = CAscendString((<IpInfo?>i).ip.encode())
+            ip.port = (<IpInfo>i).port
+            ci.local_ip_infos.push_back(ip)
+        for i in (<ClusterInfo>c).remote_ip_infos:
+            ip.ip = CAscendString((<IpInfo?>i).ip.encode())
+            ip.port = (<IpInfo>i).port
+            ci.remote_ip_infos.push_back(ip)
+        out.push_back(ci)
+    return 0
+
+
+cdef inline int64_t _cache_id(object cache) except? -2:
+    if isinstance(cache, Cache):
+        return (<Cache>cache).cache_id
+    if isinstance(cache, bool) or not isinstance(cache, int):
+        raise TypeError(f"expected a Cache or a cache id, got {type(cache).__name__}")
+    return cache
+
+
+cdef class LlmDataDist:
+    """One participant of disaggregated serving (CANN ``llm_datadist::LlmDataDist``).
+
+    Parameters
+    ----------
+    cluster_id : int
+        Unique id of this participant among everything it links to.
+    role : LlmRole
+        PROMPT, DECODER or MIX. Pulls need DECODER or MIX and pushes need PROMPT or MIX, unless
+        the option ``kvblocks.RoleCheck`` is ``"0"``.
+    """
+
+    def __cinit__(self, uint64_t cluster_id, role):
+        self.cluster_id = cluster_id
+        self._role = role
+        self._impl.reset(new CLlmDataDist(cluster_id, _role(role)))
+
+    def __dealloc__(self):
+        with nogil:
+            self._impl.reset()
+
+    cdef CLlmDataDist* native(self) except NULL:
+        return self._impl.get()
+
+    @property
+    def role(self):
+        """The current role."""
+        return self._role
+
+    def initialize(self, options):
+        """Initializes from ``options`` (``dict[str, str]``); see the ``OPTION_*`` constants.
+
+        Raises
+        ------
+        TypeError
+            ``options`` is not a ``dict[str, str]``.
+        ParamInvalidError
+            A missing ``llm.DeviceId`` or a malformed option (``LLM_PARAM_INVALID``).
+        LLMException
+            The listener could not start (``LLM_FAILED``).
+        """
+        cdef c_map[CAscendString, CAscendString] opts = _options(options)
+        cdef Status st
+        with nogil:
+            st = self._impl.get().Initialize(opts)
+        check_status(st, b"initialize")
+
+    def finalize(self):
+        """Tears down links, caches and threads; :meth:`initialize` may be called again."""
+        with nogil:
+            self._impl.get().Finalize()
+
+    def set_role(self, role, options=None):
+        """Switches role; ``llm.ListenIpInfo`` in ``options`` starts (or moves) the listener.
+
+        Raises
+        ------
+        LinkError
+            Links still exist (``LLM_EXIST_LINK``).
+        ParamInvalidError
+            Invalid role or listen address.
+        """
+        cdef CLlmRole r = _role(role)
+        cdef c_map[CAscendString, CAscendString] opts = _options(options)
+        cdef Status st
+        with nogil:
+            st = self._impl.get().SetRole(r, opts)
+        check_status(st, b"set_role")
+        self._role = role
+
+    def link_llm_clusters(self, clusters, int32_t timeout_in_millis=1000):
+        """Links to each cluster over TCP; returns one status per cluster, in input order.
+
+        A failed cluster does not raise: inspect the returned list (``0`` is success).
+
+        Raises
+        ------
+        TypeError
+            ``clusters`` is not a list of :class:`ClusterInfo`.
+        ParamInvalidError
+            Empty list, timeout <= 0, or a malformed IP address.
+        LLMException
+            Not initialized (``LLM_FAILED``).
+        """
+        cdef vector[CClusterInfo] cs
+        _cluster_vector(clusters, cs)
+        cdef vector[Status] rets
+        cdef Status st
+        with nogil:
+            st = self._impl.get().LinkLlmClusters(cs, rets, timeout_in_millis)
+        if st != LLM_SUCCESS and rets.size() == 0:
+            check_status(st, b"link_llm_clusters")
+        return [_status(x) for x in rets]
+
+    def unlink_llm_clusters(self, clusters, int32_t timeout_in_millis=1000, bint force=False):
+        """Unlinks from each cluster; returns one status per cluster. ``force`` tears down locally.
+
+        Raises
+        ------
+        TypeError
+            ``clusters`` is not a list of :class:`ClusterInfo`.
+        ParamInvalidError
+            Empty list, timeout <= 0, or a malformed IP address.
+        LLMException
+            Not initialized (``LLM_FAILED``).
+        """
+        cdef vector[CClusterInfo] cs
+        _cluster_vector(clusters, cs)
+        cdef vector[Status] rets
+        cdef Status st
+        with nogil:
+            st = self._impl.get().UnlinkLlmClusters(cs, rets, timeout_in_millis, force)
+        if st != LLM_SUCCESS and rets.size() == 0:
+            check_status(st, b"unlink_llm_clusters")
+        return [_status(x) for x in rets]
+
+    # ---------------------------------------------------------------- caches
+    def allocate_cache(self, CacheDesc desc not None):
+        """Allocates runtime-owned shared memory for ``desc``; returns the :class:`Cache`.
+
+        Raises
+        ------
+        ParamInvalidError
+            ``num_tensors`` is 0, or the shape or data type has no size.
+        LLMOutOfMemoryError
+            The memory could not be allocated.
+        """
+        return self._add_cache(desc, None, CCacheKind.kMix, -1, None)
+
+    def register_kv_cache(self, CacheDesc desc not None, addrs):
+        """Registers user memory: one address per tensor, each ``desc.tensor_bytes`` long.
+
+        Raises
+        ------
+        ParamInvalidError
+            Empty ``addrs``, a count other than ``num_tensors``, a zero address, or a bad shape.
+        """
+        if not isinstance(addrs, (list, tuple)):
+            raise TypeError("addrs must be a list of int")
+        return self._add_cache(desc, addrs, CCacheKind.kMix, -1, None)
+
+    def register_arrays(self, arrays, *, placement=None):
+        """Registers same-shape, same-dtype, C-contiguous writable buffers as one cache.
+
+        ``arrays`` may hold numpy arrays, writable memoryviews (``bytearray``, ``mmap``) or torch
+        CPU tensors. The :class:`CacheDesc` is derived from them; the arrays stay alive while the
+        cache is registered.
+
+        Raises
+        ------
+        TypeError
+            An item is not a writable C-contiguous buffer, or the items differ in shape or dtype.
+        ParamInvalidError
+            The runtime rejected the cache.
+        """
+        desc, addrs, keep = _describe_arrays(arrays, placement)
+        return self._add_cache(desc, addrs, CCacheKind.kMix, -1, keep)
+
+    def _add_cache(self, CacheDesc desc, addrs, int kind, int64_t key, keepalive):
+        cdef CCacheDesc cd
+        desc._to_c(cd)
+        cdef vector[uint64_t] a
+        if addrs is not None:
+            for x in addrs:
+                if isinstance(x, bool) or not isinstance(x, int):
+                    raise TypeError("addresses must be int")
+                if x < 0:
+                    raise ValueError("addresses must be >= 0")
+                a.push_back(x)
+            if a.empty():
+                check_status(LLM_PARAM_INVALID, b"register_kv_cache")
+        cdef CCache out
+        cdef Status st
+        with nogil:
+            st = ImplAccess.AddCache(self._impl.get()[0], cd, a, <CCacheKind>kind, key, out)
+        check_status(st, b"allocate_cache" if addrs is None else b"register_kv_cache")
+        pin = _Pin()
+        if addrs is None:
+            pin.p = ImplAccess.PinCacheMemory(self._impl.get()[0], out.cache_id)
+        return Cache._create(out.cache_id, desc, [x for x in out.tensor_addrs], pin, keepalive,
+                             kind != <int>CCacheKind.kCache)
+
+    def deallocate_cache(self, cache):
+        """Frees an allocated cache (a :class:`Cache` or its id). Unknown ids succeed.
+
+        Views from :meth:`Cache.tensor` stay valid until released.
+        """
+        cdef int64_t cid = _cache_id(cache)
+        cdef Status st
+        with nogil:
+            st = self._impl.get().DeallocateCache(cid)
+        check_status(st, b"deallocate_cache")
+
+    def unregister_kv_cache(self, cache):
+        """Unregisters a cache (a :class:`Cache` or its id). Unknown ids succeed.
+
+        Raises
+        ------
+        LLMException
+            Not initialized (``LLM_FAILED``).
+        """
+        cdef int64_t cid = _cache_id(cache)
+        cdef Status st
+        with nogil:
+            st = self._impl.get().UnregisterKvCache(cid)
+        check_status(st, b"unregister_kv_cache")
+
+    # ---------------------------------------------------------------- transfers
+    def pull_kv_blocks(self, CacheIndex src_index not None, dst_cache, src_blocks, dst_blocks,
+                       KvCacheExtParam ext_param=None):
+        """Pulls remote blocks ``src_blocks[i]`` into local blocks ``dst_blocks[i]``.
+
+        Block lists may be lists, tuples, ``array('Q')`` or numpy integer arrays.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A block list is not a sequence of non-negative integers.
+        ParamInvalidError
+            Empty or unequal lists, an index out of range, a bad layer range, or the wrong role.
+        CacheNotExistError
+            The local or remote cache id is unknown.
+        LinkError
+            Not linked to ``src_index.cluster_id`` (``LLM_NOT_YET_LINK``) or the link broke.
+        LLMTimeoutError
+            The data did not land within ``llm.SyncKvCacheWaitTime``.
+        """
+        cdef vector[uint64_t] src, dst
+        _as_blocks(src_blocks, src, "src_blocks")
+        _as_blocks(dst_blocks, dst, "dst_blocks")
+        cdef CCache c
+        cdef uint64_t limit = UINT64_MAX_
+        c.cache_id = _cache_id(dst_cache)
+        if isinstance(dst_cache, Cache):
+            limit = (<Cache>dst_cache)._num_blocks
+        cdef const CKvCacheExtParam* ext = &_DEFAULT_EXT._c if ext_param is None else &ext_param._c
+        cdef Py_ssize_t bad
+        cdef Status st
+        with nogil:
+            bad = _check_pairs(src, dst, True, limit)
+            if bad == _OK:
+                st = self._impl.get().PullKvBlocks(src_index._c, c, src, dst, ext[0])
+        if bad != _OK:
+            _raise_pairs(bad, src, dst, True, limit, "pull_kv_blocks")
+        check_status(st, b"pull_kv_blocks")
+
+    def push_kv_blocks(self, src_cache, CacheIndex dst_index not None, src_blocks, dst_blocks,
+                       KvCacheExtParam ext_param=None):
+        """Pushes local blocks ``src_blocks[i]`` into the peer's blocks ``dst_blocks[i]``.
+
+        Every selected layer is validated before any byte moves, so a failed push changes
+        nothing on the peer.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A block list is not a sequence of non-negative integers.
+        ParamInvalidError
+            Empty or unequal lists, an index out of range, a bad layer range, or the wrong role.
+        CacheNotExistError
+            The local or remote cache id is unknown.
+        LinkError
+            Not linked to ``dst_index.cluster_id`` or the link broke.
+        LLMTimeoutError
+            The data did not land within ``llm.SyncKvCacheWaitTime``.
+        """
+        cdef vector[uint64_t] src, dst
+        _as_blocks(src_blocks, src, "src_blocks")
+        _as_blocks(dst_blocks, dst, "dst_blocks")
+        cdef CCache c
+        cdef uint64_t limit = UINT64_MAX_
+        _fill_src_cache(src_cache, c)
+        if isinstance(src_cache, Cache):
+            limit = (<Cache>src_cache)._num_blocks
+        cdef const CKvCacheExtParam* ext = &_DEFAULT_EXT._c if ext_param is None else &ext_param._c
+        cdef Py_ssize_t bad
+        cdef Status st
+        with nogil:
+            bad = _check_pairs(src, dst, False, limit)
+            if bad == _OK:
+                st = self._impl.get().PushKvBlocks(c, dst_index._c, src, dst, ext[0])
+        if bad != _OK:
+            _raise_pairs(bad, src, dst, False, limit, "push_kv_blocks")
+        check_status(st, b"push_kv_blocks")
+
+    def pull_kv_cache(self, CacheIndex src_index not None, dst_cache, uint32_t batch_index=0,
+                      int64_t size=-1, KvCacheExtParam ext_param=None):
+        """Pulls the peer's batch row ``src_index.batch_index`` into local row ``batch_index``.
+
+        Raises
+        ------
+        ParamInvalidError, CacheNotExistError, LinkError, LLMTimeoutError
+            As for :meth:`pull_kv_blocks`.
+        """
+        cdef CCache c
+        c.cache_id = _cache_id(dst_cache)
+        cdef const CKvCacheExtParam* ext = &_DEFAULT_EXT._c if ext_param is None else &ext_param._c
+        cdef Status st
+        with nogil:
+            st = self._impl.get().PullKvCache(src_index._c, c, batch_index, size, ext[0])
+        check_status(st, b"pull_kv_cache")
+
+    def push_kv_cache(self, src_cache, CacheIndex dst_index not None, uint32_t src_batch_index=0,
+                      int64_t size=-1, KvCacheExtParam ext_param=None):
+        """Pushes local batch row ``src_batch_index`` to the peer's row ``dst_index.batch_index``.
+
+        Raises
+        ------
+        ParamInvalidError, CacheNotExistError, LinkError, LLMTimeoutError
+            As for :meth:`push_kv_blocks`.
+        """
+        cdef CCache c
+        _fill_src_cache(src_cache, c)
+        cdef const CKvCacheExtParam* ext = &_DEFAULT_EXT._c if ext_param is None else &ext_param._c
+        cdef Status st
+        with nogil:
+            st = self._impl.get().PushKvCache(c, dst_index._c, src_batch_index, size, ext[0])
+        check_status(st, b"push_kv_cache")
+
+    def copy_kv_blocks(self, src_cache, dst_cache, src_blocks, dst_blocks_list):
+        """Copies local blocks ``src_blocks`` into each list of ``dst_blocks_list`` (same process).
+
+        Raises
+        ------
+        ParamInvalidError
+            Empty lists, unequal lengths, indices out of range, or mismatched block sizes.
+        CacheNotExistError
+            A cache id is unknown.
+        """
+        cdef vector[uint64_t] src
+        _as_blocks(src_blocks, src, "src_blocks")
+        if not isinstance(dst_blocks_list, (list, tuple)):
+            raise TypeError("dst_blocks_list must be a list of block lists")
+        cdef vector[vector[uint64_t]] dsts
+        cdef vector[uint64_t] one
+        for lst in dst_blocks_list:
+            _as_blocks(lst, one, "dst_blocks_list[i]")
+            dsts.push_back(one)
+        cdef CCache s, d
+        _fill_src_cache(src_cache, s)
+        d.cache_id = _cache_id(dst_cache)
+        cdef Status st
+        with nogil:
+            st = self._impl.get().CopyKvBlocks(s, d, src, dsts)
+        check_status(st, b"copy_kv_blocks")
+
+    def copy_kv_cache(self, src_cache, dst_cache, uint32_t src_batch_index=0, uint32_t dst_batch_index=0,
+                      uint64_t offset=0, int64_t size=-1):
+        """Copies ``size`` bytes (-1: the rest of the row) of a batch row between local caches.
+
+        Raises
+        ------
+        ParamInvalidError
+            A batch index, offset or size out of range, or a host source cache.
+        CacheNotExistError
+            A cache id is unknown.
+        """
+        cdef CCache s, d
+        _fill_src_cache(src_cache, s)
+        d.cache_id = _cache_id(dst_cache)
+        cdef Status st
+        with nogil:
+            st = self._impl.get().CopyKvCache(s, d, src_batch_index, dst_batch_index, offset, size)
+        check_status(st, b"copy_kv_cache")
+
+    # ---------------------------------------------------------------- introspection
+    def link_path(self, uint64_t cluster_id):
+        """Data path towards a linked peer: ``"inprocess"``, ``"shm"``, ``"cma"``, ``"shm+cma"``,
+        ``"tcp"``, or ``""`` when not linked."""
+        return ImplAccess.LinkPath(self._impl.get()[0], cluster_id).decode()
+
+    def _link_channels(self, uint64_t cluster_id):
+        return ImplAccess.LinkChannels(self._impl.get()[0], cluster_id)
+
+    def _find_remote_cache(self, uint64_t cluster_id, int64_t key):
+        cdef int64_t cid = -1
+        cdef Status st = ImplAccess.FindRemoteCache(self._impl.get()[0], cluster_id, key, cid)
+        check_status(st, b"find_remote_cache")
+        return cid
+
+
+cdef int _fill_src_cache(object cache, CCache& c) except -1:
+    """The runtime reads placement and num_tensors of a push source from the caller (as CANN)."""
+    c.cache_id = _cache_id(cache)
+    if isinstance(cache, Cache):
+        d = (<Cache>cache).cache_desc
+        c.cache_desc.num_tensors = (<CacheDesc>d).num_tensors
+        c.cache_desc.placement = <CCachePlacement>(<int>(<CacheDesc>d).placement)
+    return 0
+
+
+cdef _status(Status s):
+    try:
+        return _Status(s)
+    except ValueError:
+        return s
+
+
+# ---------------------------------------------------------------- nogil entry points
+cdef Status pull_blocks_nogil(CLlmDataDist* dd, uint64_t src_cluster_id, int64_t src_cache_id,
+                              int64_t dst_cache_id, const uint64_t* src_blocks, const uint64_t* dst_blocks,
+                              size_t n, int32_t src_first, int32_t src_last, int32_t dst_first,
+                              int32_t dst_last, uint8_t tensor_num_per_layer) noexcept nogil:
+    cdef CCacheIndex idx
+    idx.cluster_id = src_cluster_id
+    idx.cache_id = src_cache_id
+    idx.batch_index = 0
+    cdef CCache c
+    c.cache_id = dst_cache_id
+    cdef CKvCacheExtParam ext
+    ext.src_layer_range = c_pair[int32_t, int32_t](src_first, src_last)
+    ext.dst_layer_range = c_pair[int32_t, int32_t](dst_first, dst_last)
+    ext.tensor_num_per_layer = tensor_num_per_layer
+    cdef vector[uint64_t] s = vector[uint64_t](<uint64_t*>src_blocks, <uint64_t*>src_blocks + n)
+    cdef vector[uint64_t] d = vector[uint64_t](<uint64_t*>dst_blocks, <uint64_t*>dst_blocks + n)
+    return dd.PullKvBlocks(idx, c, s, d, ext)
+
+
+cdef Status push_blocks_nogil(CLlmDataDist* dd, int64_t src_cache_id, uint32_t src_num_tensors,
+                              uint64_t dst_cluster_id, int64_t dst_cache_id, const uint64_t* src_blocks,
+                              const uint64_t* dst_blocks, size_t n, int32_t src_first, int32_t src_last,
+                              int32_t dst_first, int32_t dst_last, uint8_t tensor_num_per_layer) noexcept nogil:
+    cdef CCacheIndex idx
+    idx.cluster_id = dst_cluster_id
+    idx.cache_id = dst_cache_id
+    idx.batch_index = 0
+    cdef CCache c
+    c.cache_id = src_cache_id
+    c.cache_desc.num_tensors = src_num_tensors
+    c.cache_desc.placement = CCachePlacement.kDevice
+    cdef CKvCacheExtParam ext
+    ext.src_layer_range = c_pair[int32_t, int32_t](src_first, src_last)
+    ext.dst_layer_range = c_pair[int32_t, int32_t](dst_first, dst_last)
+    ext.tensor_num_per_layer = tensor_num_per_layer
+    cdef vector[uint64_t] s = vector[uint64_t](<uint64_t*>src_blocks, <uint64_t*>src_blocks + n)
+    cdef vector[uint64_t] d = vector[uint64_t](<uint64_t*>dst_blocks, <uint64_t*>dst_blocks + n)
+    return dd.PushKvBlocks(c, idx, s, d, ext)

@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+// kvblocks extensions as seen by the Cython core. Against a real CANN install (KVBLOCKS_WITH_CANN)
+// only what CANN's public API can express is available; the rest reports LLM_FEATURE_NOT_ENABLED.
+#ifndef KVBLOCKS_EXT_SHIM_H_
+#define KVBLOCKS_EXT_SHIM_H_
+
+#ifndef KVBLOCKS_WITH_CANN
+#include "kvblocks/ext.h"
+#else
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llm_datadist/llm_datadist.h"
+
+namespace kvblocks {
+constexpr const char OPTION_TRANSPORT[] = "kvblocks.Transport";
+constexpr const char OPTION_AUTH_TOKEN[] = "kvblocks.AuthToken";
+constexpr const char OPTION_ROLE_CHECK[] = "kvblocks.RoleCheck";
+enum class CacheKind : uint8_t { kMix = 0, kBlocks = 1, kCache = 2 };
+struct ImplAccess {
+  static llm_datadist::Status AddCache(llm_datadist::LlmDataDist &dd, const llm_datadist::CacheDesc &desc,
+                                       const std::vector<uint64_t> &addrs, CacheKind kind, int64_t key,
+                                       llm_datadist::Cache &out) {
+    if (kind != CacheKind::kMix || key >= 0) return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+    if (addrs.empty()) return dd.AllocateCache(desc, out);
+    int64_t id = -1;
+    const auto st = dd.RegisterKvCache(desc, addrs, {}, id);
+    out.cache_id = id;
+    out.cache_desc = desc;
+    out.tensor_addrs.assign(addrs.begin(), addrs.end());
+    return st;
+  }
+  static llm_datadist::Status FindRemoteCache(llm_datadist::LlmDataDist &, uint64_t, int64_t, int64_t &) {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static std::string LinkPath(llm_datadist::LlmDataDist &, uint64_t) { return "cann"; }
+  static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &, int64_t) { return nullptr; }
+  static int LinkChannels(llm_datadist::LlmDataDist &, uint64_t) { return 0; }
+};
+}  // namespace kvblocks
+#endif
+
+#endif  // KVBLOCKS_EXT_SHIM_H_

@@ -1,0 +1,163 @@
+# SPDX-License-Identifier: Apache-2.0
+# distutils: language = c++
+# Declarations of include/llm_datadist/llm_datadist.h and include/kvblocks/*.h. No logic here.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from libcpp cimport bool as c_bool
+from libcpp.map cimport map as c_map
+from libcpp.memory cimport shared_ptr
+from libcpp.pair cimport pair as c_pair
+from libcpp.string cimport string as c_string
+from libcpp.vector cimport vector
+
+
+cdef extern from "llm_datadist/llm_datadist.h" namespace "ge" nogil:
+    cdef cppclass CAscendString "ge::AscendString":
+        CAscendString()
+        CAscendString(const char*)
+        const char* GetString()
+        size_t GetLength()
+
+    ctypedef int CDataType "ge::DataType"
+
+
+cdef extern from "llm_datadist/llm_datadist.h" namespace "llm_datadist" nogil:
+    ctypedef uint32_t Status
+
+    const char* C_OPTION_LISTEN_IP_INFO "llm_datadist::OPTION_LISTEN_IP_INFO"
+    const char* C_OPTION_DEVICE_ID "llm_datadist::OPTION_DEVICE_ID"
+    const char* C_OPTION_SYNC_CACHE_WAIT_TIME "llm_datadist::OPTION_SYNC_CACHE_WAIT_TIME"
+    const char* C_OPTION_BUF_POOL_CFG "llm_datadist::OPTION_BUF_POOL_CFG"
+    const char* C_OPTION_ENABLE_SET_ROLE "llm_datadist::OPTION_ENABLE_SET_ROLE"
+    const char* C_OPTION_LOCAL_COMM_RES "llm_datadist::OPTION_LOCAL_COMM_RES"
+    const char* C_OPTION_TRANSFER_BACKEND "llm_datadist::OPTION_TRANSFER_BACKEND"
+
+    const Status LLM_SUCCESS
+    const Status LLM_FAILED
+    const Status LLM_WAIT_PROC_TIMEOUT
+    const Status LLM_KV_CACHE_NOT_EXIST
+    const Status LLM_PARAM_INVALID
+    const Status LLM_NOT_YET_LINK
+    const Status LLM_ALREADY_LINK
+    const Status LLM_LINK_FAILED
+    const Status LLM_UNLINK_FAILED
+    const Status LLM_EXIST_LINK
+    const Status LLM_FEATURE_NOT_ENABLED
+    const Status LLM_TIMEOUT
+    const Status LLM_OUT_OF_MEMORY
+
+    cdef enum class CLlmRole "llm_datadist::LlmRole"(int32_t):
+        kPrompt
+        kDecoder
+        kMix
+        kEnd
+
+    cdef enum class CCachePlacement "llm_datadist::CachePlacement"(uint32_t):
+        kHost
+        kDevice
+
+    cdef cppclass CIpInfo "llm_datadist::IpInfo":
+        CAscendString ip
+        uint16_t port
+
+    cdef cppclass CClusterInfo "llm_datadist::ClusterInfo":
+        uint64_t remote_cluster_id
+        int32_t remote_role_type
+        vector[CIpInfo] local_ip_infos
+        vector[CIpInfo] remote_ip_infos
+
+    cdef cppclass CCacheIndex "llm_datadist::CacheIndex":
+        uint64_t cluster_id
+        int64_t cache_id
+        uint32_t batch_index
+
+    cdef cppclass CCacheDesc "llm_datadist::CacheDesc":
+        CCachePlacement placement
+        uint32_t num_tensors
+        CDataType data_type
+        vector[int64_t] shape
+
+    cdef cppclass CCache "llm_datadist::Cache":
+        int64_t cache_id
+        vector[uintptr_t] tensor_addrs
+        CCacheDesc cache_desc
+
+    cdef cppclass CKvCacheExtParam "llm_datadist::KvCacheExtParam":
+        c_pair[int32_t, int32_t] src_layer_range
+        c_pair[int32_t, int32_t] dst_layer_range
+        uint8_t tensor_num_per_layer
+
+    cdef cppclass CRegisterCfg "llm_datadist::RegisterCfg":
+        pass
+
+    cdef cppclass CLlmDataDist "llm_datadist::LlmDataDist":
+        CLlmDataDist(uint64_t cluster_id, CLlmRole role) except +
+        Status Initialize(const c_map[CAscendString, CAscendString]& options)
+        void Finalize()
+        Status SetRole(CLlmRole role, const c_map[CAscendString, CAscendString]& options)
+        Status LinkLlmClusters(const vector[CClusterInfo]& clusters, vector[Status]& rets, int32_t timeout)
+        Status UnlinkLlmClusters(const vector[CClusterInfo]& clusters, vector[Status]& rets, int32_t timeout,
+                                 c_bool force_flag)
+        Status AllocateCache(const CCacheDesc& desc, CCache& cache)
+        Status DeallocateCache(int64_t cache_id)
+        Status PullKvCache(const CCacheIndex& src, const CCache& dst, uint32_t batch_index, int64_t size,
+                           const CKvCacheExtParam& ext)
+        Status PullKvBlocks(const CCacheIndex& src, const CCache& dst, const vector[uint64_t]& src_blocks,
+                            const vector[uint64_t]& dst_blocks, const CKvCacheExtParam& ext)
+        Status CopyKvCache(const CCache& src, const CCache& dst, uint32_t src_batch, uint32_t dst_batch,
+                           uint64_t offset, int64_t size)
+        Status CopyKvBlocks(const CCache& src, const CCache& dst, const vector[uint64_t]& src_blocks,
+                            const vector[vector[uint64_t]]& dst_blocks_list)
+        Status PushKvCache(const CCache& src, const CCacheIndex& dst, uint32_t src_batch, int64_t size,
+                           const CKvCacheExtParam& ext)
+        Status PushKvBlocks(const CCache& src, const CCacheIndex& dst, const vector[uint64_t]& src_blocks,
+                            const vector[uint64_t]& dst_blocks, const CKvCacheExtParam& ext)
+        Status RegisterKvCache(const CCacheDesc& desc, const vector[uint64_t]& addrs, const CRegisterCfg& cfg,
+                               int64_t& cache_id)
+        Status UnregisterKvCache(int64_t cache_id)
+
+
+cdef extern from "kvblocks/rules.h" namespace "kvblocks" nogil:
+    cdef cppclass CTensorSpan "kvblocks::TensorSpan":
+        uint32_t src_begin
+        uint32_t dst_begin
+        uint32_t count
+
+    cdef enum class RuleError "kvblocks::RuleError"(int):
+        kOk
+        kParamInvalid
+
+    int64_t DataTypeBits(int64_t data_type) noexcept
+    int64_t TensorBytes(int64_t data_type, const int64_t* shape, size_t ndim) noexcept
+    size_t FirstOutOfRange(const uint64_t* values, size_t n, uint64_t limit) noexcept
+    c_bool LayerRangeValid(int32_t first, int32_t second) noexcept
+    RuleError PullTensorSpan(int32_t src_first, int32_t src_second, int32_t dst_first, int32_t dst_second,
+                             uint32_t tnpl, uint32_t local_tensors, c_bool* explicit_range,
+                             CTensorSpan* span) noexcept
+    RuleError PushRangesValid(int32_t src_first, int32_t src_second, int32_t dst_first, int32_t dst_second,
+                              uint32_t desc_tensors) noexcept
+    RuleError PushTensorSpan(int32_t src_first, int32_t src_second, int32_t dst_first, uint32_t tnpl,
+                             uint32_t local_tensors, uint32_t remote_tensors, CTensorSpan* span) noexcept
+
+
+cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
+    const char* C_OPTION_TRANSPORT "kvblocks::OPTION_TRANSPORT"
+    const char* C_OPTION_AUTH_TOKEN "kvblocks::OPTION_AUTH_TOKEN"
+    const char* C_OPTION_ROLE_CHECK "kvblocks::OPTION_ROLE_CHECK"
+
+    cdef enum class CCacheKind "kvblocks::CacheKind"(uint8_t):
+        kMix
+        kBlocks
+        kCache
+
+    cdef cppclass ImplAccess "kvblocks::ImplAccess":
+        @staticmethod
+        Status AddCache(CLlmDataDist& dd, const CCacheDesc& desc, const vector[uint64_t]& addrs,
+                        CCacheKind kind, int64_t key, CCache& out)
+        @staticmethod
+        Status FindRemoteCache(CLlmDataDist& dd, uint64_t cluster_id, int64_t key, int64_t& cache_id)
+        @staticmethod
+        c_string LinkPath(CLlmDataDist& dd, uint64_t cluster_id) except +
+        @staticmethod
+        shared_ptr[void] PinCacheMemory(CLlmDataDist& dd, int64_t cache_id)
+        @staticmethod
+        int LinkChannels(CLlmDataDist& dd, uint64_t cluster_id)

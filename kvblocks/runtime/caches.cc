@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+// Cache registration and allocation. Ids start at 1 and are never reused.
+#include "runtime.h"
+
+namespace kvblocks {
+
+std::shared_ptr<CacheEntry> Impl::FindCache(int64_t id) {
+  std::shared_lock<std::shared_mutex> g(caches_mu_);
+  auto it = caches_.find(id);
+  return it == caches_.end() ? nullptr : it->second;
+}
+
+Status Impl::AddCache(const CacheDesc &desc, const std::vector<uint64_t> &addrs, CacheKind kind, int64_t key,
+                      Cache *out, bool allocate) {
+  std::shared_lock<std::shared_mutex> lk(state_mu_);
+  if (!initialized()) return LLM_FAILED;
+  if (allocate) {
+    if (desc.num_tensors == 0) return LLM_PARAM_INVALID;
+  } else {
+    if (addrs.empty() || addrs.size() != desc.num_tensors) return LLM_PARAM_INVALID;
+    for (uint64_t a : addrs)
+      if (a == 0) return LLM_PARAM_INVALID;
+  }
+  const int64_t tensor_bytes =
+      TensorBytes(static_cast<int64_t>(desc.data_type), desc.shape.data(), desc.shape.size());
+  if (tensor_bytes <= 0) return LLM_PARAM_INVALID;
+  if (desc.placement != CachePlacement::kHost && desc.placement != CachePlacement::kDevice) return LLM_PARAM_INVALID;
+
+  auto e = std::make_shared<CacheEntry>();
+  e->kind = kind;
+  e->key = key;
+  e->desc = desc;
+  e->num_tensors = desc.num_tensors;
+  e->tensor_bytes = static_cast<uint64_t>(tensor_bytes);
+  const uint64_t dim0 = static_cast<uint64_t>(desc.shape[0]);
+  switch (kind) {
+    case CacheKind::kMix:
+      e->num_blocks = e->batch_size = dim0;
+      break;
+    case CacheKind::kBlocks:
+      e->num_blocks = dim0;
+      e->batch_size = 1;
+      break;
+    case CacheKind::kCache:
+      e->num_blocks = 0;
+      e->batch_size = dim0;
+      break;
+  }
+  e->stride = e->tensor_bytes / dim0;
+  if (allocate) {
+    // One memfd for all tensors, each page-aligned, so a same-host peer maps it with one mmap.
+    constexpr uint64_t kPage = 4096;
+    e->pitch = (e->tensor_bytes + kPage - 1) / kPage * kPage;
+    uint64_t total;
+    if (__builtin_mul_overflow(e->pitch, static_cast<uint64_t>(desc.num_tensors), &total))
+      return LLM_PARAM_INVALID;
+    e->region = SharedRegion::Create(total);
+    if (!e->region)
+      return desc.placement == CachePlacement::kDevice ? LLM_DEVICE_OUT_OF_MEMORY : LLM_OUT_OF_MEMORY;
+    for (uint32_t i = 0; i < desc.num_tensors; ++i)
+      e->addrs.push_back(reinterpret_cast<uint64_t>(e->region->base + i * e->pitch));
+  } else {
+    e->addrs = addrs;
+  }
+  {
+    std::unique_lock<std::shared_mutex> g(caches_mu_);
+    e->id = next_cache_id_++;
+    caches_[e->id] = e;
+  }
+  if (out != nullptr) {
+    out->cache_id = e->id;
+    out->tensor_addrs.assign(e->addrs.begin(), e->addrs.end());
+    out->cache_desc = desc;
+  }
+  return LLM_SUCCESS;
+}
+
+Status Impl::RemoveCache(int64_t cache_id) {
+  std::shared_lock<std::shared_mutex> lk(state_mu_);
+  if (!initialized()) return LLM_FAILED;
+  std::shared_ptr<CacheEntry> e;
+  {
+    std::unique_lock<std::shared_mutex> g(caches_mu_);
+    auto it = caches_.find(cache_id);
+    if (it == caches_.end()) return LLM_SUCCESS;
+    e = it->second;
+    caches_.erase(it);
+  }
+  // Wait for transfers and serving threads still using it; the memory goes with the last owner.
+  std::unique_lock<std::shared_mutex> use(e->use_mu);
+  return LLM_SUCCESS;
+}
+
+}  // namespace kvblocks

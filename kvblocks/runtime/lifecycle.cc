@@ -1,0 +1,239 @@
+// SPDX-License-Identifier: Apache-2.0
+// Impl lifecycle: Initialize / Finalize / SetRole, the listener and the worker threads.
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "runtime.h"
+
+namespace kvblocks {
+
+namespace {
+std::mutex g_instances_mu;
+std::set<uint64_t> g_instances;  // live Impl tokens of this process: detects same-process peers
+}  // namespace
+
+bool IsLocalInstance(uint64_t token) {
+  std::lock_guard<std::mutex> g(g_instances_mu);
+  return g_instances.count(token) != 0;
+}
+
+Impl::Impl(uint64_t cluster_id, LlmRole role) : cluster_id_(cluster_id), role_(role) {
+  RandomBytes(&instance_token_, sizeof(instance_token_));
+  RandomBytes(&probe_value_, sizeof(probe_value_));
+  std::lock_guard<std::mutex> g(g_instances_mu);
+  g_instances.insert(instance_token_);
+}
+
+Impl::~Impl() {
+  Finalize();
+  std::lock_guard<std::mutex> g(g_instances_mu);
+  g_instances.erase(instance_token_);
+}
+
+Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
+  std::unique_lock<std::shared_mutex> lk(state_mu_);
+  if (initialized()) return LLM_SUCCESS;
+  const int32_t role = static_cast<int32_t>(role_.load());
+  if (role < 1 || role > 3) return LLM_PARAM_INVALID;
+
+  auto get = [&](const char *key, std::string *v) {
+    auto it = options.find(AscendString(key));
+    if (it == options.end()) return false;
+    *v = it->second.GetString();
+    return true;
+  };
+  std::string v;
+  // Device id: required; one non-negative integer (one device per process, as CANN V2).
+  if (!get(OPTION_DEVICE_ID, &v)) return LLM_PARAM_INVALID;
+  uint64_t dev;
+  if (!ParseUint(v, 0x7FFFFFFF, &dev)) return LLM_PARAM_INVALID;
+
+  std::string listen_ip;
+  uint32_t listen_port = 0;
+  const bool listen = get(OPTION_LISTEN_IP_INFO, &v);
+  if (listen && (!ParseHostPort(v, &listen_ip, &listen_port) || listen_port > 65535)) return LLM_PARAM_INVALID;
+  if (get(OPTION_TRANSFER_BACKEND, &v) && v != "hixl") return LLM_PARAM_INVALID;
+  int64_t wait_ms = 1000;
+  if (get(OPTION_SYNC_CACHE_WAIT_TIME, &v)) {
+    uint64_t ms;
+    if (!ParseUint(v, 0x7FFFFFFF, &ms)) return LLM_PARAM_INVALID;
+    wait_ms = static_cast<int64_t>(ms);
+  }
+  std::string transport = "auto";
+  if (get(OPTION_TRANSPORT, &v)) {
+    if (v != "auto" && v != "shm" && v != "tcp") return LLM_PARAM_INVALID;
+    transport = v;
+  }
+  std::string token;
+  if (!get(OPTION_AUTH_TOKEN, &token)) {
+    const char *env = getenv("KVBLOCKS_AUTH_TOKEN");
+    if (env != nullptr) token = env;
+  }
+  bool role_check = true;
+  if (get(OPTION_ROLE_CHECK, &v)) {
+    if (v != "0" && v != "1") return LLM_PARAM_INVALID;
+    role_check = v == "1";
+  }
+
+  stopping_.store(false);
+  wait_time_ms_ = wait_ms;
+  transport_ = transport;
+  auth_token_ = token;
+  role_check_ = role_check;
+  if (listen) {
+    const Status st = StartListening(listen_ip, listen_port);
+    if (st != LLM_SUCCESS) return st;
+  }
+  initialized_.store(true, std::memory_order_release);
+  return LLM_SUCCESS;
+}
+
+void Impl::Finalize() {
+  if (!initialized()) return;
+  // Wake everything first so in-flight calls fail fast, then wait for them to leave.
+  stopping_.store(true);
+  StopListening();
+  {
+    std::lock_guard<std::mutex> g(links_mu_);
+    for (auto &kv : links_) {
+      kv.second->alive.store(false);
+      kv.second->Shutdown();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> g(workers_mu_);
+    for (int fd : loose_fds_) shutdown(fd, SHUT_RDWR);
+  }
+  std::unique_lock<std::shared_mutex> lk(state_mu_);
+  if (!initialized()) return;
+  initialized_.store(false, std::memory_order_release);
+  ReapWorkers(true);
+  std::map<uint64_t, std::shared_ptr<struct Link>> links;
+  {
+    std::lock_guard<std::mutex> g(links_mu_);
+    links.swap(links_);
+  }
+  for (auto &kv : links) DropLink(kv.second, false);
+  std::map<int64_t, std::shared_ptr<CacheEntry>> caches;
+  {
+    std::unique_lock<std::shared_mutex> g(caches_mu_);
+    caches.swap(caches_);
+  }
+  for (auto &kv : caches) std::unique_lock<std::shared_mutex> use(kv.second->use_mu);
+}
+
+Status Impl::SetRole(LlmRole role, const std::map<AscendString, AscendString> &options) {
+  std::unique_lock<std::shared_mutex> lk(state_mu_);
+  if (!initialized()) return LLM_FAILED;
+  const int32_t r = static_cast<int32_t>(role);
+  if (r < 1 || r > 3) return LLM_PARAM_INVALID;
+  std::string ip;
+  uint32_t port = 0;
+  auto it = options.find(AscendString(OPTION_LISTEN_IP_INFO));
+  const bool listen = it != options.end();
+  if (listen && (!ParseHostPort(it->second.GetString(), &ip, &port) || port > 65535)) return LLM_PARAM_INVALID;
+  {
+    std::lock_guard<std::mutex> g(links_mu_);
+    if (!links_.empty()) return LLM_EXIST_LINK;
+  }
+  if (listen) {
+    if (listen_fd_ < 0 || ip != listen_ip_ || port != listen_port_) {
+      StopListening();
+      ReapWorkers(false);
+      const Status st = StartListening(ip, port);
+      if (st != LLM_SUCCESS) return st;
+    }
+  } else {
+    StopListening();
+  }
+  role_.store(role);
+  return LLM_SUCCESS;
+}
+
+Status Impl::CheckRole(bool pull) const {
+  if (!role_check_) return LLM_SUCCESS;
+  const LlmRole r = role_.load();
+  if (r == LlmRole::kMix) return LLM_SUCCESS;
+  if (pull ? r == LlmRole::kDecoder : r == LlmRole::kPrompt) return LLM_SUCCESS;
+  return LLM_PARAM_INVALID;
+}
+
+Status Impl::StartListening(const std::string &ip, uint32_t port) {
+  Status st;
+  const int fd = ListenTcp(ip, port, &st);
+  if (fd < 0) return st;
+  listen_fd_ = fd;
+  listen_ip_ = ip;
+  listen_port_ = port;
+  Spawn([this, fd] { ListenLoop(fd); });
+  return LLM_SUCCESS;
+}
+
+void Impl::StopListening() {
+  std::lock_guard<std::mutex> g(workers_mu_);
+  if (listen_fd_ >= 0) {
+    // The listener thread owns and closes the fd; shutdown() wakes its poll().
+    shutdown(listen_fd_, SHUT_RDWR);
+    listen_fd_ = -1;
+  }
+}
+
+void Impl::ListenLoop(int lfd) {
+  for (;;) {
+    pollfd p{lfd, POLLIN, 0};
+    const int rc = poll(&p, 1, -1);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0 || (p.revents & (POLLHUP | POLLERR | POLLNVAL)) || stopping_.load()) break;
+    {
+      std::lock_guard<std::mutex> g(workers_mu_);
+      if (listen_fd_ != lfd) break;
+    }
+    const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) continue;
+    TuneSocket(fd);
+    {
+      std::lock_guard<std::mutex> g(workers_mu_);
+      loose_fds_.insert(fd);
+      if (stopping_.load()) shutdown(fd, SHUT_RDWR);
+    }
+    Spawn([this, fd] { HandleAccepted(fd); });
+  }
+  close(lfd);
+}
+
+void Impl::Spawn(std::function<void()> fn) {
+  ReapWorkers(false);
+  std::lock_guard<std::mutex> g(workers_mu_);
+  workers_.emplace_back();
+  Worker *w = &workers_.back();
+  w->thread = std::thread([w, fn = std::move(fn)] {
+    fn();
+    w->done.store(true, std::memory_order_release);
+  });
+}
+
+void Impl::ReapWorkers(bool all) {
+  // With all=true, threads spawned while we join (a reverse channel opened by a ctrl thread)
+  // are joined too, so loop until none is left. Joins happen outside the lock.
+  for (;;) {
+    std::list<Worker> finished;
+    {
+      std::lock_guard<std::mutex> g(workers_mu_);
+      for (auto it = workers_.begin(); it != workers_.end();) {
+        auto next = std::next(it);
+        if (all || it->done.load(std::memory_order_acquire)) finished.splice(finished.end(), workers_, it);
+        it = next;
+      }
+    }
+    if (finished.empty()) return;
+    for (auto &w : finished)
+      if (w.thread.joinable()) w.thread.join();
+    if (!all) return;
+  }
+}
+
+}  // namespace kvblocks

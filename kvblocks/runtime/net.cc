@@ -1,0 +1,247 @@
+// SPDX-License-Identifier: Apache-2.0
+// Non-blocking socket I/O with deadlines. Every wait is a poll() bounded by the caller's deadline,
+// so no transfer can hang on a frozen peer.
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <climits>
+
+#include "runtime.h"
+
+namespace kvblocks {
+namespace {
+
+// Waits for `events`; returns false on timeout. Deadline 0 waits forever (only serving threads,
+// which are woken by shutdown()).
+IoResult WaitFd(int fd, short events, int64_t deadline) {
+  for (;;) {
+    int timeout_ms = -1;
+    if (deadline != 0) {
+      const int64_t left = deadline - NowNs();
+      if (left <= 0) return IoResult::kTimeout;
+      timeout_ms = static_cast<int>(std::min<int64_t>((left + 999999) / 1000000, INT_MAX));
+    }
+    pollfd p{fd, events, 0};
+    const int rc = poll(&p, 1, timeout_ms);
+    if (rc > 0) {
+      if (p.revents & POLLNVAL) return IoResult::kError;
+      return IoResult::kOk;  // POLLHUP / POLLERR surface through the next read or write
+    }
+    if (rc == 0) continue;  // re-check the deadline
+    if (errno != EINTR) return IoResult::kError;
+  }
+}
+
+IoResult Classify(int err) {
+  if (err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ESHUTDOWN) return IoResult::kClosed;
+  return IoResult::kError;
+}
+
+}  // namespace
+
+IoResult SendIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline) {
+  size_t first = 0;
+  while (first < iovcnt) {
+    if (iov[first].iov_len == 0) {
+      ++first;
+      continue;
+    }
+    msghdr m{};
+    m.msg_iov = iov + first;
+    m.msg_iovlen = std::min<size_t>(iovcnt - first, IOV_MAX);
+    const ssize_t n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        const IoResult w = WaitFd(fd, POLLOUT, deadline);
+        if (w != IoResult::kOk) return w;
+        continue;
+      }
+      return Classify(errno);
+    }
+    size_t left = static_cast<size_t>(n);
+    while (left > 0 && first < iovcnt) {
+      if (left >= iov[first].iov_len) {
+        left -= iov[first].iov_len;
+        ++first;
+      } else {
+        iov[first].iov_base = static_cast<uint8_t *>(iov[first].iov_base) + left;
+        iov[first].iov_len -= left;
+        left = 0;
+      }
+    }
+  }
+  return IoResult::kOk;
+}
+
+IoResult RecvIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline) {
+  size_t first = 0;
+  while (first < iovcnt) {
+    if (iov[first].iov_len == 0) {
+      ++first;
+      continue;
+    }
+    // Check the deadline before each read: after it passes no further byte may land.
+    if (deadline != 0 && NowNs() >= deadline) return IoResult::kTimeout;
+    msghdr m{};
+    m.msg_iov = iov + first;
+    m.msg_iovlen = std::min<size_t>(iovcnt - first, IOV_MAX);
+    const ssize_t n = recvmsg(fd, &m, MSG_DONTWAIT);
+    if (n == 0) return IoResult::kClosed;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        const IoResult w = WaitFd(fd, POLLIN, deadline);
+        if (w != IoResult::kOk) return w;
+        continue;
+      }
+      return Classify(errno);
+    }
+    size_t left = static_cast<size_t>(n);
+    while (left > 0 && first < iovcnt) {
+      if (left >= iov[first].iov_len) {
+        left -= iov[first].iov_len;
+        ++first;
+      } else {
+        iov[first].iov_base = static_cast<uint8_t *>(iov[first].iov_base) + left;
+        iov[first].iov_len -= left;
+        left = 0;
+      }
+    }
+  }
+  return IoResult::kOk;
+}
+
+IoResult SendAll(int fd, const void *p, size_t n, int64_t deadline) {
+  iovec v{const_cast<void *>(p), n};
+  return SendIov(fd, &v, 1, deadline);
+}
+
+IoResult RecvAll(int fd, void *p, size_t n, int64_t deadline) {
+  iovec v{p, n};
+  return RecvIov(fd, &v, 1, deadline);
+}
+
+IoResult SendFrame(int fd, uint16_t type, uint32_t status, const void *payload, size_t n, int64_t deadline) {
+  FrameHeader h{kMagic, type, 0, status, 0, n};
+  iovec v[2] = {{&h, sizeof(h)}, {const_cast<void *>(payload), n}};
+  return SendIov(fd, v, n > 0 ? 2 : 1, deadline);
+}
+
+IoResult RecvHeader(int fd, FrameHeader *h, int64_t deadline) {
+  const IoResult r = RecvAll(fd, h, sizeof(*h), deadline);
+  if (r != IoResult::kOk) return r;
+  if (h->magic != kMagic) return IoResult::kError;
+  return IoResult::kOk;
+}
+
+void TuneSocket(int fd) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  const int flags = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+namespace {
+bool MakeAddr(const std::string &ip, uint32_t port, sockaddr_storage *ss, socklen_t *len) {
+  memset(ss, 0, sizeof(*ss));
+  auto *a4 = reinterpret_cast<sockaddr_in *>(ss);
+  if (inet_pton(AF_INET, ip.c_str(), &a4->sin_addr) == 1) {
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons(static_cast<uint16_t>(port));
+    *len = sizeof(sockaddr_in);
+    return true;
+  }
+  auto *a6 = reinterpret_cast<sockaddr_in6 *>(ss);
+  if (inet_pton(AF_INET6, ip.c_str(), &a6->sin6_addr) == 1) {
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons(static_cast<uint16_t>(port));
+    *len = sizeof(sockaddr_in6);
+    return true;
+  }
+  return false;
+}
+}  // namespace
+
+int ConnectTcp(const std::string &ip, uint16_t port, int64_t deadline, Status *st) {
+  sockaddr_storage ss;
+  socklen_t len;
+  if (!MakeAddr(ip, port, &ss, &len)) {
+    *st = LLM_PARAM_INVALID;
+    return -1;
+  }
+  const int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    *st = LLM_LINK_FAILED;
+    return -1;
+  }
+  int rc = connect(fd, reinterpret_cast<sockaddr *>(&ss), len);
+  if (rc != 0 && errno == EINPROGRESS) {
+    const IoResult w = WaitFd(fd, POLLOUT, deadline);
+    if (w != IoResult::kOk) {
+      close(fd);
+      *st = w == IoResult::kTimeout ? LLM_TIMEOUT : LLM_LINK_FAILED;
+      return -1;
+    }
+    int err = 0;
+    socklen_t el = sizeof(err);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+    rc = err == 0 ? 0 : -1;
+  }
+  if (rc != 0) {
+    close(fd);
+    *st = LLM_LINK_FAILED;
+    return -1;
+  }
+  TuneSocket(fd);
+  *st = LLM_SUCCESS;
+  return fd;
+}
+
+int ListenTcp(const std::string &ip, uint32_t port, Status *st) {
+  sockaddr_storage ss;
+  socklen_t len;
+  if (port > 65535 || !MakeAddr(ip, port, &ss, &len)) {
+    *st = LLM_PARAM_INVALID;
+    return -1;
+  }
+  const int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    *st = LLM_FAILED;
+    return -1;
+  }
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, reinterpret_cast<sockaddr *>(&ss), len) != 0 || listen(fd, 128) != 0) {
+    LogWarn("cannot listen on %s:%u: %s", ip.c_str(), port, strerror(errno));
+    close(fd);
+    *st = LLM_FAILED;
+    return -1;
+  }
+  *st = LLM_SUCCESS;
+  return fd;
+}
+
+void BuildBlockSegments(const std::vector<uint64_t> &src, const std::vector<uint64_t> &dst, uint64_t block_bytes,
+                        Plan *plan) {
+  const size_t n = src.size();
+  plan->segs.reserve(plan->segs.size() + 8);
+  size_t i = 0;
+  uint64_t total = 0;
+  while (i < n) {
+    size_t j = i + 1;
+    while (j < n && src[j] == src[j - 1] + 1 && dst[j] == dst[j - 1] + 1) ++j;
+    const uint64_t len = (j - i) * block_bytes;
+    plan->segs.push_back(Segment{src[i] * block_bytes, dst[i] * block_bytes, len});
+    total += len;
+    i = j;
+  }
+  plan->bytes_per_tensor += total;
+}
+
+}  // namespace kvblocks

@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+// The serving side of a data channel. Runs on runtime threads only (never Python), and checks
+// every request against this process's own cache table: a peer's offsets are never trusted.
+#include <unistd.h>
+
+#include "runtime.h"
+
+namespace kvblocks {
+namespace {
+
+constexpr int64_t kFrameNs = 10LL * 1000000000LL;  // a started frame must arrive within this
+
+struct Request {
+  std::shared_ptr<CacheEntry> cache;
+  int64_t deadline = 0;
+  std::vector<iovec> iov;
+  uint64_t total = 0;
+  uint64_t declared = 0;
+};
+
+void AppendIov(std::vector<iovec> *v, uint8_t *p, size_t len) {
+  if (!v->empty()) {
+    iovec &last = v->back();
+    if (static_cast<uint8_t *>(last.iov_base) + last.iov_len == p) {
+      last.iov_len += len;
+      return;
+    }
+  }
+  v->push_back(iovec{p, len});
+}
+
+}  // namespace
+
+// Parses READ/WRITE requests: i64 cache_id, i64 deadline (our clock), u32 tensors, u32 segments,
+// u64 data length, u32 tensor[...], {u64 offset, u64 length}[...].
+static Status ParseRequest(Impl *impl, Reader &r, Request *req,
+                           const std::function<std::shared_ptr<CacheEntry>(int64_t)> &find) {
+  (void)impl;
+  const int64_t cache_id = r.Get<int64_t>();
+  req->deadline = r.Get<int64_t>();
+  const uint32_t nt = r.Get<uint32_t>();
+  const uint32_t ns = r.Get<uint32_t>();
+  req->declared = r.Get<uint64_t>();
+  if (!r.ok || r.n - r.off != static_cast<uint64_t>(nt) * 4 + static_cast<uint64_t>(ns) * 16) return LLM_PARAM_INVALID;
+  req->cache = find(cache_id);
+  if (!req->cache) return LLM_KV_CACHE_NOT_EXIST;
+  const CacheEntry &c = *req->cache;
+  const uint8_t *tensors = r.Bytes(static_cast<size_t>(nt) * 4);
+  const uint8_t *segs = r.Bytes(static_cast<size_t>(ns) * 16);
+  uint64_t per_tensor = 0;
+  for (uint32_t s = 0; s < ns; ++s) {
+    uint64_t off, len, end;
+    memcpy(&off, segs + s * 16, 8);
+    memcpy(&len, segs + s * 16 + 8, 8);
+    if (__builtin_add_overflow(off, len, &end) || end > c.tensor_bytes) return LLM_PARAM_INVALID;
+    if (__builtin_add_overflow(per_tensor, len, &per_tensor)) return LLM_PARAM_INVALID;
+  }
+  if (__builtin_mul_overflow(per_tensor, static_cast<uint64_t>(nt), &req->total) || req->total != req->declared)
+    return LLM_PARAM_INVALID;
+  req->iov.reserve(static_cast<size_t>(nt) * ns);
+  for (uint32_t t = 0; t < nt; ++t) {
+    uint32_t ti;
+    memcpy(&ti, tensors + t * 4, 4);
+    if (ti >= c.num_tensors) return LLM_PARAM_INVALID;
+    uint8_t *base = c.region ? c.region->base + ti * c.pitch : reinterpret_cast<uint8_t *>(c.addrs[ti]);
+    for (uint32_t s = 0; s < ns; ++s) {
+      uint64_t off, len;
+      memcpy(&off, segs + s * 16, 8);
+      memcpy(&len, segs + s * 16 + 8, 8);
+      if (len != 0) AppendIov(&req->iov, base + off, len);
+    }
+  }
+  return LLM_SUCCESS;
+}
+
+// Returns false when the connection must be closed.
+static bool ServeRequest(Impl *impl, int fd, const FrameHeader &h, Reader &r,
+                         const std::function<std::shared_ptr<CacheEntry>(int64_t)> &find) {
+  Request req;
+  Status st = ParseRequest(impl, r, &req, find);
+  std::shared_lock<std::shared_mutex> use;
+  if (st == LLM_SUCCESS) use = std::shared_lock<std::shared_mutex>(req.cache->use_mu);
+  if (h.type == kReadReq) {
+    if (st != LLM_SUCCESS) return SendFrame(fd, kReadResp, st, nullptr, 0, NowNs() + kFrameNs) == IoResult::kOk;
+    FrameHeader resp{kMagic, kReadResp, 0, LLM_SUCCESS, 0, req.total};
+    req.iov.insert(req.iov.begin(), iovec{&resp, sizeof(resp)});
+    // Past the requester's deadline it has given up; stop sending and drop the connection.
+    return SendIov(fd, req.iov.data(), req.iov.size(), req.deadline) == IoResult::kOk;
+  }
+  // Write: the data either follows inline (small writes) or after our READY.
+  const bool inline_data = (h.flags & 1) != 0;
+  if (st != LLM_SUCCESS) {
+    if (inline_data) {
+      // Drain the announced bytes so the channel stays usable; refuse absurd announcements.
+      if (req.declared > kMaxInlineWrite) return false;
+      std::string sink(req.declared, '\0');
+      if (req.declared > 0 && RecvAll(fd, &sink[0], sink.size(), NowNs() + kFrameNs) != IoResult::kOk) return false;
+      return SendFrame(fd, kWriteDone, st, nullptr, 0, NowNs() + kFrameNs) == IoResult::kOk;
+    }
+    return SendFrame(fd, kWriteReady, st, nullptr, 0, NowNs() + kFrameNs) == IoResult::kOk;
+  }
+  if (!inline_data && SendFrame(fd, kWriteReady, LLM_SUCCESS, nullptr, 0, req.deadline) != IoResult::kOk)
+    return false;
+  // RecvIov re-checks the deadline before every read, so once the pusher's call has returned
+  // (its deadline passed) no further byte lands in the cache.
+  if (RecvIov(fd, req.iov.data(), req.iov.size(), req.deadline) != IoResult::kOk) return false;
+  return SendFrame(fd, kWriteDone, LLM_SUCCESS, nullptr, 0, req.deadline) == IoResult::kOk;
+}
+
+void Impl::ServeConnection(int fd, std::shared_ptr<struct Link> link) {
+  auto find = [this](int64_t id) { return FindCache(id); };
+  std::string payload;
+  for (;;) {
+    FrameHeader h;
+    const IoResult hr = RecvHeader(fd, &h, 0);
+    if (hr != IoResult::kOk) {
+      if (hr == IoResult::kError) SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + 100000000);
+      break;
+    }
+    if (h.length > kMaxControlPayload) {
+      SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + 100000000);
+      break;
+    }
+    payload.resize(h.length);
+    if (h.length > 0 && RecvAll(fd, &payload[0], h.length, NowNs() + kFrameNs) != IoResult::kOk) break;
+    Reader r{reinterpret_cast<const uint8_t *>(payload.data()), payload.size()};
+    if (h.type == kReadReq || h.type == kWriteReq) {
+      if (!ServeRequest(this, fd, h, r, find)) break;
+    } else if (SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + kFrameNs) != IoResult::kOk) {
+      break;
+    }
+  }
+  link->ForgetFd(fd);
+}
+
+}  // namespace kvblocks

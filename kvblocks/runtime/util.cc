@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: Apache-2.0
+// Small helpers: clocks, logging, option parsing, randomness.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+
+#include "runtime.h"
+
+namespace kvblocks {
+
+int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+namespace {
+int LogLevel() {
+  // KVBLOCKS_LOG_LEVEL: 0 = silent, 1 = warnings (default), 2 = info.
+  static const int level = [] {
+    const char *v = getenv("KVBLOCKS_LOG_LEVEL");
+    return v != nullptr ? atoi(v) : 1;
+  }();
+  return level;
+}
+
+void Emit(const char *tag, const char *fmt, va_list ap) {
+  char msg[512];
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  fprintf(stderr, "[kvblocks %s pid=%d] %s\n", tag, static_cast<int>(getpid()), msg);
+}
+}  // namespace
+
+void LogWarn(const char *fmt, ...) {
+  if (LogLevel() < 1) return;
+  va_list ap;
+  va_start(ap, fmt);
+  Emit("WARN", fmt, ap);
+  va_end(ap);
+}
+
+void LogInfo(const char *fmt, ...) {
+  if (LogLevel() < 2) return;
+  va_list ap;
+  va_start(ap, fmt);
+  Emit("INFO", fmt, ap);
+  va_end(ap);
+}
+
+bool ParseUint(const std::string &s, uint64_t max, uint64_t *out) {
+  if (s.empty() || s.size() > 20) return false;
+  uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    if (__builtin_mul_overflow(v, 10ULL, &v) || __builtin_add_overflow(v, static_cast<uint64_t>(c - '0'), &v))
+      return false;
+  }
+  if (v > max) return false;
+  *out = v;
+  return true;
+}
+
+bool ParseHostPort(const std::string &s, std::string *ip, uint32_t *port) {
+  std::string host, port_s;
+  if (!s.empty() && s[0] == '[') {  // [ipv6]:port
+    const size_t close = s.find(']');
+    if (close == std::string::npos || close + 1 >= s.size() || s[close + 1] != ':') return false;
+    host = s.substr(1, close - 1);
+    port_s = s.substr(close + 2);
+    in6_addr a6;
+    if (inet_pton(AF_INET6, host.c_str(), &a6) != 1) return false;
+  } else {
+    const size_t colon = s.find(':');
+    if (colon == std::string::npos || s.find(':', colon + 1) != std::string::npos) return false;
+    host = s.substr(0, colon);
+    port_s = s.substr(colon + 1);
+    in_addr a4;
+    if (inet_pton(AF_INET, host.c_str(), &a4) != 1) return false;
+  }
+  uint64_t p;
+  if (!ParseUint(port_s, 0xFFFFFFFFULL, &p)) return false;
+  *ip = host;
+  *port = static_cast<uint32_t>(p);
+  return true;
+}
+
+void RandomBytes(void *out, size_t n) {
+  uint8_t *p = static_cast<uint8_t *>(out);
+  while (n > 0) {
+    const ssize_t got = getrandom(p, n, 0);
+    if (got <= 0) {
+      // getrandom only fails before the pool is seeded or on EINTR; /dev/urandom is the fallback.
+      const int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+      if (fd >= 0) {
+        const ssize_t r = read(fd, p, n);
+        close(fd);
+        if (r > 0) {
+          p += r;
+          n -= static_cast<size_t>(r);
+          continue;
+        }
+      }
+      continue;
+    }
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+}
+
+std::string HexBytes(const uint8_t *p, size_t n) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    s.push_back(kHex[p[i] >> 4]);
+    s.push_back(kHex[p[i] & 15]);
+  }
+  return s;
+}
+
+}  // namespace kvblocks

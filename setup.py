@@ -1,0 +1,125 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Build kvblocks: the C++ runtime as libllm_datadist.so, then the Cython core linked to it.
+
+Environment switches:
+  KVBLOCKS_CANN_HOME=/path/to/ascend-toolkit/latest  build the Cython core against a real CANN
+      install (its include/llm_datadist/llm_datadist.h and lib64/libllm_datadist.so) instead of
+      kvblocks' own runtime. kvblocks-only extensions then report LLM_FEATURE_NOT_ENABLED.
+  KVBLOCKS_CYTHON_DEBUG=1     bounds/wraparound checks and line tracing in the Cython core.
+  KVBLOCKS_CYTHON_ANNOTATE=1  write the Cython annotation HTML.
+  KVBLOCKS_OPT="-O2"          optimisation flags for the C++ runtime.
+"""
+import os
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUNTIME_DIR = os.path.join("kvblocks", "runtime")
+RUNTIME_LIB = "llm_datadist"
+CANN_HOME = os.environ.get("KVBLOCKS_CANN_HOME")
+DEBUG = os.environ.get("KVBLOCKS_CYTHON_DEBUG") == "1"
+CXXFLAGS = ["-std=c++17", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
+OPT = os.environ.get("KVBLOCKS_OPT", "-O2").split()
+
+
+class BuildPy(build_py):
+    """Ships the public headers inside the package so get_include() works after install."""
+
+    def run(self):
+        super().run()
+        dst = os.path.join(self.build_lib, "kvblocks", "include")
+        if os.path.isdir(dst):
+            shutil.rmtree(dst)
+        shutil.copytree(os.path.join(HERE, "include"), dst)
+
+
+class BuildExt(build_ext):
+    """Builds libllm_datadist.so next to the extension, which finds it through $ORIGIN."""
+
+    def run(self):
+        # setuptools clears self.inplace inside run(); decide the library's home first.
+        self._rt_dir = self.runtime_dir()
+        if not CANN_HOME:
+            self.build_runtime()
+        super().run()
+        if self.inplace:
+            src = os.path.join(HERE, "include")
+            dst = os.path.join(HERE, "kvblocks", "include")
+            if os.path.isdir(dst):
+                shutil.rmtree(dst)
+            shutil.copytree(src, dst)
+
+    def runtime_dir(self):
+        return os.path.join(HERE, "kvblocks") if self.inplace else os.path.join(self.build_lib, "kvblocks")
+
+    def build_runtime(self):
+        from setuptools._distutils.ccompiler import new_compiler
+        from setuptools._distutils.sysconfig import customize_compiler
+
+        cc = new_compiler(verbose=self.verbose, force=self.force)
+        customize_compiler(cc)
+        # Python's CFLAGS may carry C-only flags; the runtime is plain C++17.
+        cc.compiler_so = [a for a in cc.compiler_so if a not in ("-Wstrict-prototypes",)]
+        sources = sorted(os.path.join(RUNTIME_DIR, f) for f in os.listdir(os.path.join(HERE, RUNTIME_DIR))
+                         if f.endswith(".cc"))
+        tmp = os.path.join(self.build_temp, "runtime")
+        os.makedirs(tmp, exist_ok=True)
+        args = CXXFLAGS + OPT + ["-fPIC", "-g0"]
+
+        def compile_one(src):
+            return cc.compile([src], output_dir=tmp, include_dirs=["include"], extra_postargs=args)[0]
+
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            objects = list(pool.map(compile_one, sources))
+        out_dir = self._rt_dir
+        os.makedirs(out_dir, exist_ok=True)
+        cc.link_shared_object(objects, os.path.join(out_dir, f"lib{RUNTIME_LIB}.so"),
+                              libraries=["pthread"], target_lang="c++",
+                              extra_postargs=["-Wl,-soname,lib%s.so" % RUNTIME_LIB])
+
+    def build_extension(self, ext):
+        if not CANN_HOME:
+            ext.library_dirs.append(self._rt_dir)
+        super().build_extension(ext)
+
+
+def extensions():
+    from Cython.Build import cythonize
+
+    include_dirs = [os.path.join(CANN_HOME, "include")] if CANN_HOME else ["include"]
+    library_dirs = [os.path.join(CANN_HOME, "lib64")] if CANN_HOME else []
+    macros = [("KVBLOCKS_WITH_CANN", "1")] if CANN_HOME else []
+    if DEBUG:
+        macros.append(("CYTHON_TRACE_NOGIL", "1"))
+    ext = Extension(
+        "kvblocks._lib",
+        ["kvblocks/_lib.pyx"],
+        language="c++",
+        include_dirs=include_dirs + ["kvblocks"],
+        library_dirs=library_dirs,
+        libraries=[RUNTIME_LIB],
+        runtime_library_dirs=[] if CANN_HOME else ["$ORIGIN"],
+        define_macros=macros,
+        extra_compile_args=CXXFLAGS + OPT,
+    )
+    directives = {
+        "language_level": 3,
+        "boundscheck": DEBUG,
+        "wraparound": DEBUG,
+        "initializedcheck": DEBUG,
+        "nonecheck": False,
+        "cdivision": True,
+        "embedsignature": True,
+    }
+    if DEBUG:
+        directives["linetrace"] = True
+    return cythonize([ext], compiler_directives=directives,
+                     annotate=os.environ.get("KVBLOCKS_CYTHON_ANNOTATE") == "1")
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExt, "build_py": BuildPy})
