@@ -1,0 +1,98 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A real second kvblocks process for cross-process tests, driven by JSON lines on stdin.
+
+Run as ``python tests/peer.py --cluster 1 --listen 127.0.0.1:PORT``. It allocates one cache
+("alloc", shared memory) and registers one made of numpy arrays ("reg"), fills both with a
+pattern that encodes (cluster, tensor, block), prints ``{"ready": ..., "alloc": id, "reg": id}``
+and then answers commands such as ``{"op": "link", ...}``, ``{"op": "pull", ...}``,
+``{"op": "digest"}`` and ``{"op": "exit"}`` one line each.
+"""
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+
+import kvblocks as kb
+
+
+def pattern(cluster: int, tensor: int, num_blocks: int, block_bytes: int) -> np.ndarray:
+    """Every 8-byte word of block b of tensor t of `cluster` holds cluster<<48 | t<<24 | b."""
+    words = block_bytes // 8
+    col = (np.uint64(cluster) << np.uint64(48)) | (np.uint64(tensor) << np.uint64(24))
+    blocks = np.arange(num_blocks, dtype=np.uint64) | col
+    return np.repeat(blocks, words).reshape(num_blocks, words).view(np.uint8).reshape(num_blocks, block_bytes)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cluster", type=int, required=True)
+    ap.add_argument("--listen", default="")
+    ap.add_argument("--role", default="MIX")
+    ap.add_argument("--transport", default="auto")
+    ap.add_argument("--tensors", type=int, default=4)
+    ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--block-bytes", type=int, default=64)
+    ap.add_argument("--wait-ms", type=int, default=1000)
+    ap.add_argument("--auth", default=None)
+    args = ap.parse_args()
+
+    dd = kb.LlmDataDist(args.cluster, kb.LlmRole[args.role])
+    opts = {kb.OPTION_DEVICE_ID: "0", kb.OPTION_TRANSPORT: args.transport,
+            kb.OPTION_SYNC_CACHE_WAIT_TIME: str(args.wait_ms)}
+    if args.listen:
+        opts[kb.OPTION_LISTEN_IP_INFO] = args.listen
+    if args.auth is not None:
+        opts[kb.OPTION_AUTH_TOKEN] = args.auth
+    dd.initialize(opts)
+    desc = kb.CacheDesc(args.tensors, kb.DataType.DT_UINT8, [args.blocks, args.block_bytes])
+    alloc = dd.allocate_cache(desc)
+    arrays = [pattern(args.cluster, t, args.blocks, args.block_bytes) for t in range(args.tensors)]
+    for t in range(args.tensors):
+        alloc.numpy(t)[:] = arrays[t]
+    reg = dd.register_arrays(arrays)
+    caches = {"alloc": alloc, "reg": reg}
+    out = sys.stdout
+
+    def reply(obj):
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    reply({"ready": True, "alloc": alloc.cache_id, "reg": reg.cache_id, "pid": os.getpid(),
+           "addrs": {k: list(c.tensor_addrs) for k, c in caches.items()},
+           "tensor_bytes": args.blocks * args.block_bytes})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd["op"]
+        try:
+            if op == "exit":
+                break
+            if op == "digest":
+                reply({"digest": {k: [hashlib.sha256(c.tensor(t)).hexdigest() for t in range(args.tensors)]
+                                  for k, c in caches.items()}})
+            elif op == "link":
+                rets = dd.link_llm_clusters([kb.ClusterInfo(cmd["cluster"], 0, [kb.IpInfo(cmd["ip"], 0)],
+                                                            [kb.IpInfo(cmd["ip"], cmd["port"])])], 5000)
+                reply({"rets": [int(r) for r in rets], "path": dd.link_path(cmd["cluster"])})
+            elif op in ("pull", "push"):
+                idx = kb.CacheIndex(cmd["cluster"], cmd["remote_cache"])
+                local = caches[cmd["local"]]
+                if op == "pull":
+                    dd.pull_kv_blocks(idx, local, cmd["src"], cmd["dst"])
+                else:
+                    dd.push_kv_blocks(local, idx, cmd["src"], cmd["dst"])
+                reply({"ok": True})
+            elif op == "read":
+                reply({"hex": bytes(caches[cmd["cache"]].tensor(cmd["tensor"])).hex()})
+            else:
+                reply({"error": f"unknown op {op}"})
+        except kb.LLMException as e:
+            reply({"status": int(e.status_code), "error": str(e)})
+    dd.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

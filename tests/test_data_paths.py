@@ -1,0 +1,83 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every data path (shared memory, CMA, TCP) moves verified data both ways between two processes."""
+import numpy as np
+import pytest
+
+import kvblocks as kb
+from conftest import cluster, free_port
+from peer import pattern
+from procs import Peer
+
+TENSORS, BLOCKS, BB = 4, 8, 64
+
+
+@pytest.fixture(params=["auto", "tcp"])
+def linked(request):
+    transport = request.param
+    port = free_port()
+    peer = Peer(1, listen=f"127.0.0.1:{port}", transport=transport, tensors=TENSORS, blocks=BLOCKS, block_bytes=BB)
+    me = kb.LlmDataDist(2, kb.LlmRole.MIX)
+    me.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_TRANSPORT: transport})
+    desc = kb.CacheDesc(TENSORS, kb.DataType.DT_UINT8, [BLOCKS, BB])
+    alloc = me.allocate_cache(desc)
+    arrays = [np.zeros((BLOCKS, BB), np.uint8) for _ in range(TENSORS)]
+    reg = me.register_arrays(arrays)
+    for t in range(TENSORS):
+        alloc.numpy(t)[:] = pattern(2, t, BLOCKS, BB)
+        arrays[t][:] = pattern(2, t, BLOCKS, BB)
+    assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
+    yield transport, peer, me, {"alloc": alloc, "reg": reg}
+    me.finalize()
+    peer.close()
+
+
+def test_path_chosen_at_link_time(linked):
+    transport, peer, me, _ = linked
+    assert me.link_path(1) == ("tcp" if transport == "tcp" else "shm+cma")
+
+
+@pytest.mark.parametrize("remote", ["alloc", "reg"])
+@pytest.mark.parametrize("local", ["alloc", "reg"])
+def test_pull_from_other_process(linked, remote, local):
+    _, peer, me, caches = linked
+    dst = caches[local]
+    me.pull_kv_blocks(kb.CacheIndex(1, peer.info[remote]), dst, [1, 3, 5, 7], [0, 2, 4, 6])
+    for t in range(TENSORS):
+        got = dst.numpy(t)
+        want_remote = pattern(1, t, BLOCKS, BB)
+        mine = pattern(2, t, BLOCKS, BB)
+        for d, s in zip([0, 2, 4, 6], [1, 3, 5, 7]):
+            assert np.array_equal(got[d], want_remote[s])
+        for d in [1, 3, 5, 7]:
+            assert np.array_equal(got[d], mine[d])
+
+
+@pytest.mark.parametrize("remote", ["alloc", "reg"])
+@pytest.mark.parametrize("local", ["alloc", "reg"])
+def test_push_to_other_process(linked, remote, local):
+    _, peer, me, caches = linked
+    me.push_kv_blocks(caches[local], kb.CacheIndex(1, peer.info[remote]), [0, 1, 2, 3], [7, 6, 5, 4])
+    for t in range(TENSORS):
+        got = peer.read(remote, t).reshape(BLOCKS, BB)
+        mine = pattern(2, t, BLOCKS, BB)
+        theirs = pattern(1, t, BLOCKS, BB)
+        for s, d in zip([0, 1, 2, 3], [7, 6, 5, 4]):
+            assert np.array_equal(got[d], mine[s])
+        for d in range(4):
+            assert np.array_equal(got[d], theirs[d])
+
+
+@pytest.mark.parametrize("remote", ["alloc", "reg"])
+def test_listener_side_pushes_and_pulls_over_the_same_link(linked, remote):
+    """The link is usable both ways: the side that accepted it pushes to and pulls from us."""
+    _, peer, me, caches = linked
+    r = peer.call(op="push", cluster=2, remote_cache=caches[remote].cache_id, local="alloc",
+                  src=[0, 1], dst=[5, 6])
+    assert r == {"ok": True}
+    for t in range(TENSORS):
+        got = caches[remote].numpy(t)
+        assert np.array_equal(got[5], pattern(1, t, BLOCKS, BB)[0])
+        assert np.array_equal(got[6], pattern(1, t, BLOCKS, BB)[1])
+    r = peer.call(op="pull", cluster=2, remote_cache=caches[remote].cache_id, local="reg", src=[3], dst=[0])
+    assert r == {"ok": True}
+    assert np.array_equal(peer.read("reg", 2).reshape(BLOCKS, BB)[0], pattern(2, 2, BLOCKS, BB)[3])
