@@ -30,6 +30,7 @@ class Peer:
         if not line:
             raise RuntimeError("peer failed to start: " + self.proc.stderr.read())
         self.info = json.loads(line)
+        self.stderr_text = ""
         self.cluster, self.tensors, self.blocks, self.block_bytes = cluster, tensors, blocks, block_bytes
 
     def call(self, **cmd):
@@ -55,6 +56,8 @@ class Peer:
             except Exception:
                 self.proc.kill()
                 self.proc.wait()
+        if not self.proc.stderr.closed:
+            self.stderr_text = self.proc.stderr.read()
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             try:
                 f.close()

@@ -193,16 +193,7 @@ Status Impl::Handshake(int fd, ConnKind kind, const uint8_t *link_token, const s
   if (h.type != kChallenge || h.length != 50 || !ReadPayload(fd, h, &ch, deadline)) return LLM_LINK_FAILED;
   const uint8_t *sn = reinterpret_cast<const uint8_t *>(ch.data());
   const bool auth_required = ch[16] != 0, has_proof = ch[17] != 0;
-  if (!auth_token_.empty()) {
-    uint8_t expect[32];
-    Proof(auth_token_, "kvblocks-server", cn, sn, expect);
-    if (!has_proof || !ConstantTimeEqual(expect, sn + 18, 32)) {
-      LogWarn("link refused: the listener did not prove knowledge of kvblocks.AuthToken");
-      return LLM_LINK_FAILED;
-    }
-  } else if (auth_required) {
-    LogWarn("link refused: the listener requires kvblocks.AuthToken and none is set");
-  }
+  // Always answer the challenge first, so a listener with a different token sees and logs it.
   uint8_t auth[33] = {};
   if (!auth_token_.empty()) {
     auth[0] = 1;
@@ -210,9 +201,21 @@ Status Impl::Handshake(int fd, ConnKind kind, const uint8_t *link_token, const s
   }
   r = SendFrame(fd, kAuth, 0, auth, sizeof(auth), deadline);
   if (r != IoResult::kOk) return io_status(r);
+  bool server_ok = true;
+  if (!auth_token_.empty()) {
+    uint8_t expect[32];
+    Proof(auth_token_, "kvblocks-server", cn, sn, expect);
+    server_ok = has_proof && ConstantTimeEqual(expect, sn + 18, 32);
+  } else if (auth_required) {
+    LogWarn("link refused: the listener requires kvblocks.AuthToken and none is set");
+  }
   r = RecvHeader(fd, &h, deadline);
   if (r != IoResult::kOk) return io_status(r);
   if (h.type != kHelloAck || !ReadPayload(fd, h, reply, deadline)) return LLM_LINK_FAILED;
+  if (!server_ok) {
+    LogWarn("link refused: the listener did not prove knowledge of kvblocks.AuthToken");
+    return LLM_LINK_FAILED;
+  }
   return h.status;
 }
 
