@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Two "hosts": a Prompt and a Decoder in separate network namespaces joined by a veth pair.
+Different network namespaces mean different hosts to kvblocks, so data must go over TCP."""
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from peer import pattern
+from procs import Peer
+
+TENSORS, BLOCKS, BB = 4, 16, 4096
+
+
+def _ip(*args):
+    return subprocess.run(["ip", *args], capture_output=True, text=True)
+
+
+@pytest.fixture
+def two_hosts():
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 to create network namespaces")
+    tag = f"{os.getpid() % 100000}"
+    ns_a, ns_b = f"kvbA{tag}", f"kvbB{tag}"
+    va, vb = f"kva{tag}", f"kvb{tag}"
+    subnet = f"10.213.{os.getpid() % 250}"
+    r = _ip("netns", "add", ns_a)
+    if r.returncode != 0:
+        pytest.skip(f"cannot create network namespaces here: {r.stderr.strip()}")
+    try:
+        _ip("netns", "add", ns_b)
+        steps = [
+            ("link", "add", va, "type", "veth", "peer", "name", vb),
+            ("link", "set", va, "netns", ns_a),
+            ("link", "set", vb, "netns", ns_b),
+            ("-n", ns_a, "addr", "add", f"{subnet}.1/24", "dev", va),
+            ("-n", ns_b, "addr", "add", f"{subnet}.2/24", "dev", vb),
+            ("-n", ns_a, "link", "set", va, "up"),
+            ("-n", ns_b, "link", "set", vb, "up"),
+            ("-n", ns_a, "link", "set", "lo", "up"),
+            ("-n", ns_b, "link", "set", "lo", "up"),
+        ]
+        for s in steps:
+            r = _ip(*s)
+            if r.returncode != 0:
+                pytest.skip(f"cannot wire the namespaces: ip {' '.join(s)}: {r.stderr.strip()}")
+        yield ns_a, ns_b, subnet
+    finally:
+        _ip("netns", "del", ns_a)
+        _ip("netns", "del", ns_b)
+
+
+def test_pull_and_push_between_two_hosts(two_hosts):
+    ns_a, ns_b, subnet = two_hosts
+    prompt = Peer(1, listen=f"{subnet}.1:26555", tensors=TENSORS, blocks=BLOCKS, block_bytes=BB,
+                  prefix=("ip", "netns", "exec", ns_a), role="PROMPT")
+    decoder = Peer(2, tensors=TENSORS, blocks=BLOCKS, block_bytes=BB, prefix=("ip", "netns", "exec", ns_b),
+                   role="MIX")
+    try:
+        r = decoder.call(op="link", cluster=1, ip=f"{subnet}.1", port=26555)
+        assert r == {"rets": [0], "path": "tcp"}
+        assert decoder.call(op="pull", cluster=1, remote_cache=prompt.info["reg"], local="alloc",
+                            src=[1, 3, 5, 7], dst=[0, 2, 4, 6]) == {"ok": True}
+        for t in range(TENSORS):
+            got = decoder.read("alloc", t).reshape(BLOCKS, BB)
+            assert np.array_equal(got[[0, 2, 4, 6]], pattern(1, t, BLOCKS, BB)[[1, 3, 5, 7]])
+            assert np.array_equal(got[[1, 3]], pattern(2, t, BLOCKS, BB)[[1, 3]])
+        assert decoder.call(op="push", cluster=1, remote_cache=prompt.info["alloc"], local="reg",
+                            src=[9, 10, 11], dst=[15, 14, 13]) == {"ok": True}
+        for t in range(TENSORS):
+            got = prompt.read("alloc", t).reshape(BLOCKS, BB)
+            assert np.array_equal(got[[15, 14, 13]], pattern(2, t, BLOCKS, BB)[[9, 10, 11]])
+            assert np.array_equal(got[:13], pattern(1, t, BLOCKS, BB)[:13])
+    finally:
+        decoder.close()
+        prompt.close()
