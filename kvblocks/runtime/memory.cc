@@ -22,7 +22,8 @@ std::shared_ptr<SharedRegion> SharedRegion::Create(size_t size) {
   auto r = std::make_shared<SharedRegion>();
   r->fd = fd;
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) return nullptr;
-  void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Prefault: the first transfer should not pay for page faults.
+  void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) return nullptr;
   r->base = static_cast<uint8_t *>(p);
   r->size = size;
@@ -43,7 +44,7 @@ std::shared_ptr<SharedRegion> SharedRegion::MapPeer(int pid, int fd, uint64_t in
   struct stat st;
   if (fstat(local, &st) != 0 || st.st_ino != ino || st.st_dev != dev || static_cast<uint64_t>(st.st_size) < size)
     return nullptr;
-  void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, local, 0);
+  void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, local, 0);
   if (p == MAP_FAILED) return nullptr;
   r->base = static_cast<uint8_t *>(p);
   r->size = size;
