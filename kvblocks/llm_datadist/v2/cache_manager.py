@@ -1,0 +1,428 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CANN's ``CacheManager`` (V2, cache-manager mode) over the kvblocks core."""
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import kvblocks as _kb
+from kvblocks import _lib
+from kvblocks.llm_datadist._check import (
+    check_int64,
+    check_int_list,
+    check_isinstance,
+    check_uint32,
+)
+from kvblocks.llm_datadist.configs import DataType, Placement
+from kvblocks.llm_datadist.status import LLMException, LLMStatusCode, engine_call
+from kvblocks.llm_datadist.v2.llm_types import (
+    BlocksCacheKey,
+    Cache,
+    CacheDesc,
+    CacheKey,
+    CacheKeyByIdAndIndex,
+    CacheTask,
+    LayerSynchronizer,
+    TransferConfig,
+)
+
+if TYPE_CHECKING:
+    from kvblocks.llm_datadist.v2.llm_datadist import LLMDataDist
+
+__all__ = ["CacheManager"]
+
+_PARAM_INVALID = LLMStatusCode.LLM_PARAM_INVALID
+_KIND_BLOCKS = 1
+_KIND_CACHE = 2
+
+
+def _invalid(msg: str) -> LLMException:
+    return LLMException(msg, status_code=_PARAM_INVALID)
+
+
+def _check_tnpl(tensor_num_per_layer: object) -> int:
+    tnpl = check_uint32("tensor_num_per_layer", tensor_num_per_layer)
+    if tnpl <= 0:
+        raise _invalid("tensor_num_per_layer must be > 0")
+    return tnpl
+
+
+def _pull_range(name: str, r: Optional[range]) -> Tuple[int, int]:
+    """Pull rule: a half-open range with step 1 and start >= 0 -> inclusive pair; None/empty -> all."""
+    if r is None:
+        return -1, -1
+    check_isinstance(name, r, range, allow_none=False)
+    if r.step != 1:
+        raise _invalid(f"{name} step must be 1, got {r.step}")
+    if r.start < 0:
+        raise _invalid(f"{name} start must be >= 0, got {r.start}")
+    if len(r) == 0:
+        return -1, -1
+    check_uint32(f"{name}.start", r.start)
+    check_uint32(f"{name}.stop", r.stop - 1)
+    return r.start, r.stop - 1
+
+
+def _push_range(name: str, r: Optional[range], num_layers: int) -> range:
+    if r is None:
+        r = range(0, num_layers)
+    check_isinstance(name, r, range, allow_none=False)
+    if r.step != 1:
+        raise _invalid(f"{name} step must be 1, got {r.step}")
+    if not 0 <= r.start < r.stop:
+        raise _invalid(f"{name} must satisfy 0 <= start < stop, got {r}")
+    check_uint32(f"{name}.stop", r.stop - 1)
+    return r
+
+
+def _ext(src: Tuple[int, int], dst: Tuple[int, int], tnpl: int) -> _kb.KvCacheExtParam:
+    if tnpl > 255:
+        # The C++ struct holds a uint8; such a layer size cannot be addressed.
+        raise _invalid(f"tensor_num_per_layer {tnpl} exceeds 255")
+    return _kb.KvCacheExtParam(src, dst, tnpl)
+
+
+class CacheManager:
+    """Registers caches and moves blocks between linked peers. Obtained from
+    :attr:`LLMDataDist.cache_manager`. Either role, and either side of a link, may pull and push."""
+
+    def __init__(self, datadist: "LLMDataDist") -> None:
+        self._dd = datadist
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _engine(self, func: str, failed: LLMStatusCode = LLMStatusCode.LLM_FAILED) -> Any:
+        eng = self._dd._engine_or_none()
+        if eng is None:
+            raise LLMException(f"[{func}] failed: llm datadist is not initialized", status_code=failed)
+        return eng
+
+    @staticmethod
+    def _native(cache: Cache, func: str) -> Any:
+        if cache._native is None:
+            raise LLMException(f"[{func}] cache {cache.cache_id} is not registered with this LLMDataDist",
+                               status_code=LLMStatusCode.LLM_KV_CACHE_NOT_EXIST)
+        return cache._native
+
+    def _remote_id(self, cluster_id: int, key: int) -> int:
+        """The peer's cache id tagged ``key``; -1 lets the engine report the failure in its order."""
+        eng = self._dd._engine_or_none()
+        if eng is None:
+            return -1
+        try:
+            return int(eng._find_remote_cache(cluster_id, key))
+        except _kb.LLMException:
+            return -1
+
+    def _add(self, func: str, desc: CacheDesc, addrs: Optional[List[int]], kind: int, key: int,
+             keepalive: Any = None) -> Cache:
+        eng = self._engine(func)
+        with engine_call(func):
+            native = eng._add_cache(desc._to_kb(), addrs, kind, key, keepalive)
+        return Cache(int(native.cache_id), desc, [int(a) for a in native.tensor_addrs],
+                     kind == _KIND_BLOCKS, native)
+
+    # -- registration -----------------------------------------------------------------------
+    def register_cache(self, cache_desc: CacheDesc, addrs: List[int], cache_keys: Sequence[CacheKey] = (),
+                       remote_accessible: Optional[bool] = None) -> Cache:
+        """Registers user memory as a contiguous (batch) cache; ``cache_keys[0]`` tags it."""
+        check_isinstance("cache_desc", cache_desc, CacheDesc, allow_none=False)
+        check_int_list("addrs", addrs)
+        check_isinstance("cache_keys", cache_keys, (list, tuple), allow_none=False)
+        for k in cache_keys:
+            check_isinstance("cache_keys", k, CacheKey, allow_none=False)
+        check_isinstance("remote_accessible", remote_accessible, bool)
+        if remote_accessible and self._dd._rank_linked:
+            raise _invalid("remote_accessible=True is not allowed after LLMDataDist.link()")
+        if len(addrs) == 0:
+            raise _invalid("addrs is empty")
+        if len(addrs) != cache_desc.num_tensors:
+            raise _invalid(f"len(addrs) = {len(addrs)} != num_tensors = {cache_desc.num_tensors}")
+        if any(a == 0 for a in addrs):
+            raise _invalid("addrs contains 0")
+        key = cache_keys[0]._key() if cache_keys else -1
+        return self._add("register_cache", cache_desc, list(addrs), _KIND_CACHE, key)
+
+    def register_blocks_cache(self, cache_desc: CacheDesc, addrs: List[int],
+                              blocks_cache_key: Optional[BlocksCacheKey] = None,
+                              remote_accessible: Optional[bool] = None) -> Cache:
+        """Registers user memory as a blocks cache; ``blocks_cache_key.model_id`` lets peers find it."""
+        check_isinstance("cache_desc", cache_desc, CacheDesc, allow_none=False)
+        check_int_list("addrs", addrs)
+        check_isinstance("blocks_cache_key", blocks_cache_key, BlocksCacheKey)
+        check_isinstance("remote_accessible", remote_accessible, bool)
+        if remote_accessible and self._dd._rank_linked:
+            raise _invalid("remote_accessible=True is not allowed after LLMDataDist.link()")
+        key = blocks_cache_key._key() if blocks_cache_key is not None else -1
+        return self._add("register_blocks_cache", cache_desc, list(addrs), _KIND_BLOCKS, key)
+
+    def register_arrays(self, arrays: Sequence[Any], blocks_cache_key: Optional[BlocksCacheKey] = None,
+                        placement: Placement = Placement.DEVICE) -> Cache:
+        """Registers same-shape, same-dtype, C-contiguous writable buffers (numpy arrays,
+        ``bytearray``/``mmap`` memoryviews, torch CPU tensors) as one blocks cache; the
+        :class:`CacheDesc` is derived from them and the arrays are kept alive while registered.
+
+        Raises TypeError for a wrong dtype, a non-contiguous layout or a read-only buffer.
+        """
+        check_isinstance("blocks_cache_key", blocks_cache_key, BlocksCacheKey)
+        check_isinstance("placement", placement, Placement, allow_none=False)
+        kdesc, addrs, keep = _lib._describe_arrays(arrays, _kb.CachePlacement(int(placement)))
+        try:
+            dt = DataType(int(kdesc.data_type))
+        except ValueError:
+            raise TypeError(f"arrays have element type {kdesc.data_type!r}, which llm_datadist's DataType "
+                            "cannot describe") from None
+        desc = CacheDesc(int(kdesc.num_tensors), list(kdesc.shape), dt, placement)
+        key = blocks_cache_key._key() if blocks_cache_key is not None else -1
+        return self._add("register_arrays", desc, addrs, _KIND_BLOCKS, key, keep)
+
+    def unregister_cache(self, cache_id: int) -> None:
+        check_int64("cache_id", cache_id)
+        eng = self._engine("unregister_cache")
+        with engine_call("unregister_cache"):
+            eng.unregister_kv_cache(cache_id)
+
+    # -- allocation -------------------------------------------------------------------------
+    def allocate_cache(self, cache_desc: CacheDesc, cache_keys: Sequence[CacheKey] = ()) -> Cache:
+        """Allocates a contiguous cache (memory owned by kvblocks)."""
+        check_isinstance("cache_desc", cache_desc, CacheDesc, allow_none=False)
+        check_isinstance("cache_keys", cache_keys, (list, tuple), allow_none=False)
+        for k in cache_keys:
+            check_isinstance("cache_keys", k, CacheKey, allow_none=False)
+        if cache_desc.num_tensors <= 0:
+            raise _invalid("num_tensors must be > 0")
+        key = cache_keys[0]._key() if cache_keys else -1
+        return self._add("allocate_cache", cache_desc, None, _KIND_CACHE, key)
+
+    def allocate_blocks_cache(self, cache_desc: CacheDesc, blocks_cache_key: Optional[BlocksCacheKey] = None) -> Cache:
+        """Allocates a blocks cache (memory owned by kvblocks)."""
+        check_isinstance("cache_desc", cache_desc, CacheDesc, allow_none=False)
+        check_isinstance("blocks_cache_key", blocks_cache_key, BlocksCacheKey)
+        if cache_desc.num_tensors <= 0:
+            raise _invalid("num_tensors must be > 0")
+        key = blocks_cache_key._key() if blocks_cache_key is not None else -1
+        return self._add("allocate_blocks_cache", cache_desc, None, _KIND_BLOCKS, key)
+
+    def _deallocate(self, func: str, cache: Cache, blocks: bool) -> None:
+        check_isinstance("cache", cache, Cache, allow_none=False)
+        if cache.is_blocks_cache != blocks:
+            raise _invalid(f"{func} needs a {'blocks' if blocks else 'non-blocks'} cache")
+        eng = self._engine(func, _PARAM_INVALID)
+        with engine_call(func):
+            eng.deallocate_cache(cache.cache_id)
+
+    def deallocate_cache(self, cache: Cache) -> None:
+        self._deallocate("deallocate_cache", cache, False)
+
+    def deallocate_blocks_cache(self, cache: Cache) -> None:
+        self._deallocate("deallocate_blocks_cache", cache, True)
+
+    def remove_cache_key(self, cache_key: CacheKey) -> None:
+        """Accepted for compatibility. Peers read keys when they link, so removing a key
+        afterwards does not hide the cache from an existing link."""
+        check_isinstance("cache_key", cache_key, CacheKey, allow_none=False)
+        self._engine("remove_cache_key")
+
+    # -- local copies -----------------------------------------------------------------------
+    def copy_cache(self, dst: Cache, src: Cache, dst_batch_index: int = 0, src_batch_index: int = 0,
+                   offset: int = 0, size: int = -1, req_id: Optional[int] = None) -> None:
+        check_isinstance("dst", dst, Cache, allow_none=False)
+        check_isinstance("src", src, Cache, allow_none=False)
+        check_uint32("dst_batch_index", dst_batch_index)
+        check_uint32("src_batch_index", src_batch_index)
+        check_int64("offset", offset)
+        check_int64("size", size)
+        if src.is_blocks_cache or dst.is_blocks_cache:
+            raise _invalid("copy_cache needs non-blocks caches")
+        eng = self._engine("copy_cache", _PARAM_INVALID)
+        with engine_call("copy_cache"):
+            eng.copy_kv_cache(self._native(src, "copy_cache"), self._native(dst, "copy_cache"),
+                              src_batch_index, dst_batch_index, offset, size)
+
+    def copy_blocks(self, cache: Cache, copy_block_info: Dict[int, List[int]]) -> None:
+        """Copies block ``src`` to each block of ``copy_block_info[src]`` inside ``cache``."""
+        check_isinstance("cache", cache, Cache, allow_none=False)
+        check_isinstance("copy_block_info", copy_block_info, dict, allow_none=False)
+        if not cache.is_blocks_cache:
+            raise _invalid("copy_blocks needs a blocks cache")
+        for s, ds in copy_block_info.items():
+            check_isinstance("copy_block_info key", s, int, allow_none=False)
+            check_int_list("copy_block_info value", ds)
+        eng = self._engine("copy_blocks", _PARAM_INVALID)
+        native = self._native(cache, "copy_blocks")
+        with engine_call("copy_blocks"):
+            for s, ds in copy_block_info.items():
+                if ds:
+                    eng.copy_kv_blocks(native, native, [s], [[d] for d in ds])
+
+    def swap_blocks(self, src_cache: Cache, dst_cache: Cache, src_to_dst: Dict[int, int]) -> None:
+        """Copies blocks between a host (``Cache.create_cpu_cache``) and a device cache."""
+        check_isinstance("src_cache", src_cache, Cache, allow_none=False)
+        check_isinstance("dst_cache", dst_cache, Cache, allow_none=False)
+        check_isinstance("src_to_dst", src_to_dst, dict, allow_none=False)
+        sd, dd = src_cache.cache_desc, dst_cache.cache_desc
+        if not (src_cache.is_blocks_cache and dst_cache.is_blocks_cache):
+            raise _invalid("swap_blocks needs two blocks caches")
+        if sd.num_tensors != dd.num_tensors:
+            raise _invalid("swap_blocks needs equal num_tensors")
+        sbs, dbs = sd.size // sd.batch_size, dd.size // dd.batch_size
+        if sbs != dbs:
+            raise _invalid(f"block sizes differ ({sbs} vs {dbs})")
+        if sd.placement == dd.placement:
+            raise _invalid("swap_blocks supports host->device and device->host only")
+        for s, d in src_to_dst.items():
+            check_isinstance("src_to_dst", s, int, allow_none=False)
+            check_isinstance("src_to_dst", d, int, allow_none=False)
+            if not (0 <= s < sd.batch_size and 0 <= d < dd.batch_size):
+                raise _invalid(f"block pair {s}->{d} is out of range")
+        for sa, da in zip(src_cache.tensor_addrs, dst_cache.tensor_addrs):
+            for s, d in src_to_dst.items():
+                ctypes.memmove(da + d * dbs, sa + s * sbs, sbs)
+
+    # -- transfers --------------------------------------------------------------------------
+    def pull_blocks(self, src_cache_key: Union[CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey], dst_cache: Cache,
+                    src_blocks: Union[List[int], Tuple[int, ...]] = (),
+                    dst_blocks: Union[List[int], Tuple[int, ...]] = (),
+                    src_layer_range: Optional[range] = None, dst_layer_range: Optional[range] = None,
+                    tensor_num_per_layer: int = 2) -> None:
+        """Pulls the peer's blocks ``src_blocks[i]`` into ``dst_blocks[i]`` of ``dst_cache``.
+
+        Layer ranges are half-open ``range`` objects (``range(a, b)`` = layers a..b-1); None = all.
+        Safe to call from several threads at once.
+        """
+        check_isinstance("src_cache_key", src_cache_key, (CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey),
+                         allow_none=False)
+        check_isinstance("dst_cache", dst_cache, Cache, allow_none=False)
+        check_int_list("src_blocks", src_blocks)
+        check_int_list("dst_blocks", dst_blocks)
+        if not dst_cache.is_blocks_cache:
+            raise _invalid("dst_cache must be a blocks cache")
+        if len(dst_blocks) == 0:
+            raise _invalid("dst_blocks is empty")
+        tnpl = _check_tnpl(tensor_num_per_layer)
+        if isinstance(src_cache_key, BlocksCacheKey):
+            if len(src_blocks) == 0:
+                raise _invalid("src_blocks is empty")
+        else:
+            if isinstance(src_cache_key, CacheKey):
+                valid = [v not in (-1, 2**64 - 1) for v in (src_cache_key.req_id, src_cache_key.prefix_id)]
+                if valid.count(True) != 1:
+                    raise _invalid("exactly one of req_id and prefix_id must be set")
+            if len(src_blocks) != 0:
+                raise _invalid("src_blocks must be empty when pulling from a non-blocks cache")
+        src_r = _pull_range("src_layer_range", src_layer_range)
+        dst_r = _pull_range("dst_layer_range", dst_layer_range)
+        ext = _ext(src_r, dst_r, tnpl)
+        eng = self._engine("pull_blocks", _PARAM_INVALID)
+        if not isinstance(src_cache_key, BlocksCacheKey):
+            raise LLMException("[pull_blocks] pulling a contiguous cache into blocks is not supported by "
+                               "kvblocks; register the peer cache with register_blocks_cache",
+                               status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        remote = self._remote_id(src_cache_key.cluster_id, src_cache_key._key())
+        with engine_call("pull_blocks"):
+            eng.pull_kv_blocks(_kb.CacheIndex(src_cache_key.cluster_id, remote, 0),
+                               self._native(dst_cache, "pull_blocks"), list(src_blocks), list(dst_blocks), ext)
+
+    def pull_cache(self, cache_key: Union[CacheKey, CacheKeyByIdAndIndex], cache: Cache, batch_index: int = 0,
+                   size: int = -1, src_layer_range: Optional[range] = None,
+                   dst_layer_range: Optional[range] = None, tensor_num_per_layer: int = 2) -> None:
+        """Pulls the peer's batch row into row ``batch_index`` of a non-blocks ``cache``."""
+        if self._dd._remote_accessible:
+            check_isinstance("cache_key", cache_key, CacheKeyByIdAndIndex, allow_none=False)
+        else:
+            check_isinstance("cache_key", cache_key, (CacheKey, CacheKeyByIdAndIndex), allow_none=False)
+        check_isinstance("cache", cache, Cache, allow_none=False)
+        check_uint32("batch_index", batch_index)
+        check_int64("size", size)
+        if cache.is_blocks_cache:
+            raise _invalid("pull_cache needs a non-blocks cache")
+        if size != -1 and size <= 0:
+            raise _invalid("size must be -1 or > 0")
+        tnpl = _check_tnpl(tensor_num_per_layer)
+        ext = _ext(_pull_range("src_layer_range", src_layer_range),
+                   _pull_range("dst_layer_range", dst_layer_range), tnpl)
+        eng = self._engine("pull_cache", _PARAM_INVALID)
+        if isinstance(cache_key, CacheKeyByIdAndIndex):
+            idx = _kb.CacheIndex(cache_key.cluster_id, cache_key.cache_id, cache_key.batch_index)
+        else:
+            idx = _kb.CacheIndex(cache_key.cluster_id, self._remote_id(cache_key.cluster_id, cache_key._key()), 0)
+        with engine_call("pull_cache"):
+            eng.pull_kv_cache(idx, self._native(cache, "pull_cache"), batch_index, size, ext)
+
+    def _require_remote(self, func: str) -> None:
+        if not self._dd._remote_accessible:
+            raise _invalid(f"{func} needs enable_remote_cache_accessible (or local_comm_res) in the options")
+
+    def push_blocks(self, dst_cache_key: BlocksCacheKey, src_cache: Cache,
+                    src_blocks: Union[List[int], Tuple[int, ...]] = (),
+                    dst_blocks: Union[List[int], Tuple[int, ...]] = (),
+                    src_layer_range: Optional[range] = None, dst_layer_range: Optional[range] = None,
+                    tensor_num_per_layer: int = 2) -> None:
+        """Pushes local blocks ``src_blocks[i]`` into the peer's blocks ``dst_blocks[i]``, layer by layer."""
+        self._require_remote("push_blocks")
+        check_isinstance("dst_cache_key", dst_cache_key, BlocksCacheKey, allow_none=False)
+        check_isinstance("src_cache", src_cache, Cache, allow_none=False)
+        check_int_list("src_blocks", src_blocks)
+        check_int_list("dst_blocks", dst_blocks)
+        if not src_cache.is_blocks_cache:
+            raise _invalid("src_cache must be a blocks cache")
+        if len(dst_blocks) == 0:
+            raise _invalid("dst_blocks is empty")
+        tnpl = _check_tnpl(tensor_num_per_layer)
+        layers = src_cache.cache_desc.num_tensors // tnpl
+        if src_layer_range is None and dst_layer_range is None and layers == 0:
+            raise _invalid(f"tensor_num_per_layer {tnpl} exceeds num_tensors {src_cache.cache_desc.num_tensors}")
+        src_r = _push_range("src_layer_range", src_layer_range, layers)
+        dst_r = _push_range("dst_layer_range", dst_layer_range, layers)
+        if len(src_r) != len(dst_r):
+            raise _invalid(f"src_layer_range {src_r} and dst_layer_range {dst_r} differ in length")
+        ext = _ext((src_r.start, src_r.stop - 1), (dst_r.start, dst_r.stop - 1), tnpl)
+        eng = self._engine("push_blocks", _PARAM_INVALID)
+        remote = self._remote_id(dst_cache_key.cluster_id, dst_cache_key._key())
+        with engine_call("push_blocks"):
+            eng.push_kv_blocks(self._native(src_cache, "push_blocks"),
+                               _kb.CacheIndex(dst_cache_key.cluster_id, remote, 0),
+                               list(src_blocks), list(dst_blocks), ext)
+
+    def push_cache(self, dst_cache_key: CacheKeyByIdAndIndex, src_cache: Cache, src_batch_index: int = 0,
+                   src_layer_range: Optional[range] = None, dst_layer_range: Optional[range] = None,
+                   size: int = -1, tensor_num_per_layer: int = 2) -> None:
+        """Pushes local batch row ``src_batch_index`` into the peer's row ``dst_cache_key.batch_index``."""
+        self._require_remote("push_cache")
+        check_isinstance("dst_cache_key", dst_cache_key, CacheKeyByIdAndIndex, allow_none=False)
+        check_isinstance("src_cache", src_cache, Cache, allow_none=False)
+        check_uint32("src_batch_index", src_batch_index)
+        check_int64("size", size)
+        if size != -1:
+            raise _invalid("push_cache supports size -1 only")
+        if src_cache.is_blocks_cache:
+            raise _invalid("push_cache needs a non-blocks src_cache")
+        tnpl = _check_tnpl(tensor_num_per_layer)
+        layers = src_cache.cache_desc.num_tensors // tnpl
+        if src_layer_range is None and dst_layer_range is None:
+            src_p, dst_p = (-1, -1), (-1, -1)
+        else:
+            src_r = _push_range("src_layer_range", src_layer_range, layers)
+            dst_r = _push_range("dst_layer_range", dst_layer_range, layers)
+            if len(src_r) != len(dst_r):
+                raise _invalid(f"src_layer_range {src_r} and dst_layer_range {dst_r} differ in length")
+            src_p, dst_p = (src_r.start, src_r.stop - 1), (dst_r.start, dst_r.stop - 1)
+        ext = _ext(src_p, dst_p, tnpl)
+        eng = self._engine("push_cache", _PARAM_INVALID)
+        with engine_call("push_cache"):
+            eng.push_kv_cache(self._native(src_cache, "push_cache"),
+                              _kb.CacheIndex(dst_cache_key.cluster_id, dst_cache_key.cache_id,
+                                             dst_cache_key.batch_index),
+                              src_batch_index, size, ext)
+
+    # -- not supported ----------------------------------------------------------------------
+    def transfer_cache_async(self, src_cache: Cache, layer_synchronizer: LayerSynchronizer,
+                             transfer_configs: Sequence[TransferConfig],
+                             src_block_indices: Optional[List[int]] = None,
+                             dst_block_indices: Optional[List[int]] = None,
+                             dst_block_memory_size: Optional[int] = None) -> CacheTask:
+        raise LLMException("transfer_cache_async is not supported by kvblocks",
+                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+
+    def remap_registered_memory(self, mem_infos: Sequence[Any]) -> None:
+        raise LLMException("remap_registered_memory is not supported by kvblocks",
+                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
