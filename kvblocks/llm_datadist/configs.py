@@ -120,11 +120,14 @@ class LlmConfig:
 
     @device_id.setter
     def device_id(self, value: Union[int, Sequence[int]]) -> None:
-        ids = list(value) if isinstance(value, (list, tuple)) else [value]
+        ids: List[object] = list(value) if isinstance(value, (list, tuple)) else [value]
+        out: List[int] = []
         for i in ids:
-            if check_int32("device_id", i) < 0:
-                raise ValueError(f"device_id must be >= 0, got {i}")
-        self._device_id = [int(i) for i in ids]
+            v = check_int32("device_id", i)
+            if v < 0:
+                raise ValueError(f"device_id must be >= 0, got {v}")
+            out.append(v)
+        self._device_id = out
 
     @property
     def listen_ip_info(self) -> Optional[str]:

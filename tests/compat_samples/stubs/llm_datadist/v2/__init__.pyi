@@ -1,0 +1,1 @@
+from kvblocks.llm_datadist.v2 import *

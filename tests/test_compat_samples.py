@@ -1,0 +1,102 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CANN-style two-process sample programs, run unchanged through ``python -m kvblocks.compat``."""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import kvblocks
+
+np = pytest.importorskip("numpy")
+
+SAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compat_samples")
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kvblocks.__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PKG_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_processes(sample, arg_lists, tmp_path, timeout=90):
+    """Starts one `python -m kvblocks.compat sample ...` per arg list; all must exit 0."""
+    procs = []
+    for args in arg_lists:
+        cmd = [sys.executable, "-m", "kvblocks.compat", os.path.join(SAMPLES, sample), *map(str, args),
+               "--sync", str(tmp_path)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(),
+                                      cwd=str(tmp_path), text=True))
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            outs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for p, args, out in zip(procs, arg_lists, outs):
+        assert p.returncode == 0, f"{sample} {args} exited {p.returncode}:\n{out}"
+    return outs
+
+
+def test_decoder_links_and_pulls(tmp_path):
+    port = free_port()
+    outs = run_processes("pull_blocks_sample.py", [["--role", "prompt", "--port", port],
+                                                   ["--role", "decoder", "--port", port]], tmp_path)
+    assert "all data verified" in outs[1]
+
+
+def test_prompt_pushes_with_layer_ranges(tmp_path):
+    port = free_port()
+    outs = run_processes("push_blocks_sample.py", [["--role", "prompt", "--port", port],
+                                                   ["--role", "decoder", "--port", port]], tmp_path)
+    assert "all data verified" in outs[1]
+
+
+def test_switch_role_then_reverse(tmp_path):
+    p1, p2 = free_port(), free_port()
+    outs = run_processes("switch_role_sample.py", [["--role", "prompt", "--port", p1, "--port2", p2],
+                                                   ["--role", "decoder", "--port", p1, "--port2", p2]], tmp_path)
+    assert all("all data verified" in o for o in outs)
+
+
+def test_xpyd_two_prompts_one_decoder(tmp_path):
+    p0, p1 = free_port(), free_port()
+    outs = run_processes("xpyd_sample.py", [["--role", "prompt", "--index", 0, "--ports", p0, p1],
+                                            ["--role", "prompt", "--index", 1, "--ports", p0, p1],
+                                            ["--role", "decoder", "--index", 0, "--ports", p0, p1]], tmp_path)
+    assert "all data verified" in outs[2]
+
+
+def test_mutual_link_pull_while_push(tmp_path):
+    pa, pb = free_port(), free_port()
+    outs = run_processes("mutual_link_sample.py", [["--side", "a", "--ports", pa, pb],
+                                                   ["--side", "b", "--ports", pa, pb]], tmp_path)
+    assert all("all data verified" in o for o in outs)
+
+
+def test_samples_pass_mypy_strict(tmp_path):
+    pytest.importorskip("mypy")
+    stubs = os.path.join(SAMPLES, "stubs")
+    files = sorted(os.path.join(SAMPLES, f) for f in os.listdir(SAMPLES) if f.endswith(".py"))
+    env = _env()
+    paths = [stubs, SAMPLES]
+    if os.path.basename(PKG_ROOT) not in ("site-packages", "dist-packages"):
+        paths.append(PKG_ROOT)  # a source checkout; an installed kvblocks is found through py.typed
+    env["MYPYPATH"] = os.pathsep.join(paths)
+    cmd = [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir", os.devnull,
+           "--python-executable", sys.executable, *files]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
