@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: Apache-2.0
+"""C++ embedding: compile CANN-style example programs against llm_datadist/llm_datadist.h with the
+flags of ``python -m kvblocks --cflags --libs`` and run a prompt and a decoder process."""
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import kvblocks
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CPP = os.path.join(HERE, "cpp")
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kvblocks.__file__)))
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PKG_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def flags():
+    out = subprocess.run([sys.executable, "-m", "kvblocks", "--cflags", "--libs"], capture_output=True, text=True,
+                         check=True, env=_env(), timeout=60).stdout
+    return shlex.split(out)
+
+
+def test_paths_and_flags():
+    inc = kvblocks.get_include()
+    assert os.path.isfile(os.path.join(inc, "llm_datadist", "llm_datadist.h"))
+    assert os.path.isfile(os.path.join(kvblocks.get_library_dir(), "libllm_datadist.so"))
+    f = flags()
+    assert f"-I{inc}" in f and "-lllm_datadist" in f and f"-L{kvblocks.get_library_dir()}" in f
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cpp")
+    built = {}
+    f = flags()
+    for name in ("prompt", "decoder"):
+        exe = str(out / name)
+        cmd = ["g++", "-O1", "-Wall", os.path.join(CPP, f"{name}.cpp"), "-o", exe, *f]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, " ".join(cmd) + "\n" + r.stderr
+        built[name] = exe
+    return built
+
+
+def test_prompt_and_decoder_processes(programs, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([programs[n], str(port), str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for n in ("prompt", "decoder")]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=90)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for name, p, out in zip(("prompt", "decoder"), procs, outs):
+        assert p.returncode == 0, f"{name} exited {p.returncode}:\n{out}"
+    assert "pull verified" in outs[1] and "push verified" in outs[1]
