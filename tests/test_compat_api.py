@@ -604,3 +604,13 @@ def test_register_arrays_on_cache_manager(linked):
         cm.register_arrays([np.zeros(SHAPE, np.complex64)])
     with pytest.raises(TypeError):
         cm.register_arrays([np.zeros((4, 16), np.int32)[:, ::2]])
+
+
+def test_register_arrays_torch_on_cache_manager(linked):
+    torch = pytest.importorskip("torch")
+    dd, cm, _, _, peer = linked
+    dst = [torch.zeros(4, 16, dtype=torch.int32) for _ in range(10)]
+    c = cm.register_arrays(dst)
+    cm.pull_blocks(BlocksCacheKey(P_ID, 0), c, [2], [1])
+    for t in range(10):
+        assert dst[t][1].numpy().tobytes() == pattern(P_ID, t)[2].tobytes() and not dst[t][0].any()
