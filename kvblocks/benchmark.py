@@ -148,13 +148,18 @@ def _free_cache(dd, kind, cache):
 
 
 def _raw_server(lsock):
-    """Loopback baselines: 'S' = sink (8-byte length, payload, 1-byte ack), 'P' = 8-byte echo."""
-    buf = bytearray(1)
     while True:
         try:
             conn, _ = lsock.accept()
         except OSError:
             return
+        threading.Thread(target=_raw_conn, args=(conn,), daemon=True).start()
+
+
+def _raw_conn(conn):
+    """Loopback baselines: 'S' = sink (8-byte length, payload, 1-byte ack), 'P' = 8-byte echo."""
+    buf = bytearray(1)
+    if True:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         mode = conn.recv(1)
         try:
@@ -430,7 +435,8 @@ def _transfer_case(path, size, direction, pattern):
         return _transfer_fns(h, p, direction, lists, rng, pattern, B)
 
     return Case(f"{path}/{size}/{direction}/{pattern}", path, make, baseline=_base_for(path, size, pattern),
-                bytes=2 * L * B * bb, blocks=2 * L * B, reps=size, path=path, pgroup=f"{path}-{size}")
+                bytes=2 * L * B * bb, blocks=2 * L * B, reps=size, path=path,
+                pgroup=f"{'tcp' if path == 'tcp' else 'samehost'}-{size}")
 
 
 def _transfer_fns(h, p, direction, lists, rng, pattern, B, ext=None):
@@ -497,12 +503,12 @@ def _gather_case(size, pattern):
         def fn():
             s, _ = next(it)
             for t in range(2 * L):
-                take(src[t], s, axis=0, out=out[t])
+                take(src[t], s, axis=0, out=out[t], mode="clip")  # "raise" would buffer out (2 copies)
         return fn, None
 
     return Case(f"base/gather/{size}/{pattern}", "base", make, bytes=2 * L * B * bb, blocks=2 * L * B,
                 reps=size, note="np.take of the blocks into a staging array, one process",
-                pgroup=None)
+                pgroup=f"samehost-{size}")
 
 
 def _raw_send_case(size):
@@ -547,6 +553,23 @@ def _pingpong_case():
 
     return Case("tcp/raw-pingpong-8B", "tcp", make, bytes=8, reps="small", path="raw",
                 note="8-byte request/response round trip, TCP_NODELAY, Python", pgroup="tcp-small")
+
+
+def _gather_rows_case(n, bb, pgroup):
+    """numpy gather of n random rows of bb bytes (np.take into a staging array), one process."""
+    def make(h):
+        np = _np()
+        rng = np.random.default_rng(n)
+        src = np.full((n, bb), 3, dtype=np.uint8)
+        out = np.zeros((n, bb), dtype=np.uint8)
+        perms = [rng.permutation(n) for _ in range(3)]
+        it = itertools.cycle(perms)
+        take = np.take
+        return (lambda: take(src, next(it), axis=0, out=out, mode="clip")), None
+
+    return Case(f"base/gather/{n}x{_hb(bb)}", "base", make, bytes=n * bb, blocks=n,
+                reps="large" if n * bb >= 4 * MiB or n >= 65536 else "small", pgroup=pgroup,
+                note="np.take of n random rows into a staging array, one process")
 
 
 def _validation_cases():
@@ -682,7 +705,7 @@ def _scaling_cases():
             rng = np.random.default_rng(n)
             return _transfer_fns(h, p, "pull", id_lists(rng, n, n, "random", 3), rng, "random", n)
         out.append(Case(f"scaling/blocks/shm/{n}x{_hb(bb)}", "scaling", make,
-                        baseline=f"base/memcpy/{_hb(SCALE_FIXED_BYTES)}", bytes=SCALE_FIXED_BYTES, blocks=n,
+                        baseline=f"base/gather/{n}x{_hb(bb)}", bytes=SCALE_FIXED_BYTES, blocks=n,
                         reps="large", path="shm", pgroup="scaling-blocks-16MiB",
                         note="fixed 16 MiB per call, 1 tensor, random permutation"))
     for n in SCALE_BLOCKS_64B:
@@ -691,7 +714,7 @@ def _scaling_cases():
             p = h.pair("shm", 1, n, 64)
             rng = np.random.default_rng(n + 1)
             return _transfer_fns(h, p, "pull", id_lists(rng, n, n, "random", 3), rng, "random", n)
-        out.append(Case(f"scaling/blocks/shm/{n}x64B", "scaling", make, baseline=f"base/memcpy/{_hb(64 * n)}",
+        out.append(Case(f"scaling/blocks/shm/{n}x64B", "scaling", make, baseline=f"base/gather/{n}x64B",
                         bytes=64 * n, blocks=n, reps="large" if n > 1024 else "small", path="shm",
                         pgroup="scaling-blocks-64B", note="64-byte blocks: per-block cost"))
     for L in SCALE_LAYERS:
@@ -749,7 +772,7 @@ def all_cases():
     for size in ("small", "large"):
         for pattern in ("random", "contig"):
             cases.append(_gather_case(size, pattern))
-        cases.append(_memcpy_case(2 * SIZES[size][0] * SIZES[size][3] * SIZES[size][2]))
+        cases.append(_memcpy_case(2 * SIZES[size][0] * SIZES[size][3] * SIZES[size][2], pgroup=f"samehost-{size}"))
     for path in ("shm", "cma", "tcp"):
         if path == "tcp":
             cases.append(_pingpong_case())
@@ -763,9 +786,10 @@ def all_cases():
     have = {c.id for c in cases}
     for c in scaling:
         if c.baseline and c.baseline not in have:
-            nbytes = int(c.bytes) if c.id.startswith(("scaling/bytes", "scaling/layers")) else None
-            nbytes = nbytes or (SCALE_FIXED_BYTES if "/blocks/" in c.id and "x64B" not in c.id else c.bytes)
-            cases.append(_memcpy_case(nbytes))
+            if c.baseline.startswith("base/gather/"):
+                cases.append(_gather_rows_case(c.blocks, c.bytes // c.blocks, c.pgroup))
+            else:
+                cases.append(_memcpy_case(c.bytes))
             have.add(c.baseline)
     cases += scaling
     cases.append(_import_case("json"))
@@ -773,7 +797,7 @@ def all_cases():
     # mark base rows used by a group with that group's pytest group
     by_id = {c.id: c for c in cases}
     for c in cases:
-        if c.baseline and by_id[c.baseline].pgroup == "base":
+        if c.baseline and by_id[c.baseline].pgroup == "base" and c.group != "base":
             by_id[c.baseline].pgroup = c.pgroup
     return cases
 
@@ -796,6 +820,13 @@ def select(cases, patterns):
         if by_id[b].baseline:
             want.add(by_id[b].baseline)
     return [c for c in cases if c.id in want]
+
+
+def cases_for(patterns, extra=()):
+    """Cases matching ``patterns``, their same-run baselines and the ``extra`` ids, in run order."""
+    every = all_cases()
+    chosen = {c.id for c in select(every, list(patterns))} | set(extra)
+    return [c for c in every if c.id in chosen]
 
 
 # ----------------------------------------------------------------------------- measuring

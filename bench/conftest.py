@@ -1,0 +1,48 @@
+# SPDX-License-Identifier: Apache-2.0
+"""pytest-benchmark suite: ``pytest bench/`` (not part of the normal ``pytest`` run, testpaths=tests).
+
+Every case comes from ``kvblocks.benchmark`` (the same matrix as ``python -m kvblocks bench``), so the
+two never disagree on what a case moves. The peer is a real second process (multiprocessing
+spawn) holding its own LlmDataDist; one per transport, shared by the whole session. Each
+transfer case also checks once that the moved blocks are the right ones.
+"""
+import pytest
+
+pytest.importorskip("numpy", reason="the benchmarks need numpy: pip install 'kvblocks[bench]'")
+pytest.importorskip("pytest_benchmark", reason="the benchmarks need pytest-benchmark: pip install 'kvblocks[bench]'")
+
+from kvblocks import benchmark as kbb  # noqa: E402
+
+# rounds for slow (large) cases, timed one call per round after warm-up calls
+LARGE_ROUNDS = 10
+
+
+@pytest.fixture(scope="session")
+def harness():
+    h = kbb.Harness()
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def run_case(benchmark, harness):
+    """Benchmarks one case in its group (baseline rows join the group of the file using them)."""
+
+    def run(case, group=None):
+        fn, verify = case.make(harness)
+        benchmark.group = group if (group and case.group == "base") else case.pgroup
+        benchmark.extra_info.update(bytes=case.bytes, blocks=case.blocks, baseline=case.baseline or "",
+                                    path=case.path, note=case.note)
+        if case.custom is not None or case.reps == "large":
+            warm = 1 if case.custom is not None else kbb.REPS["large"][0]
+            benchmark.pedantic(fn, rounds=LARGE_ROUNDS, warmup_rounds=warm, iterations=1)
+        else:
+            benchmark(fn)
+        if case.path in ("shm", "cma", "tcp"):
+            benchmark.extra_info["link_path"] = harness.link_path(kbb.TRANSPORT[case.path])
+        if verify is not None:
+            bad = verify()
+            benchmark.extra_info["bad_blocks"] = bad
+            assert bad == 0, f"{case.id}: {bad} wrong blocks" if case.group != "import" else "import pulled in numpy"
+
+    return run
