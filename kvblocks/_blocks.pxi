@@ -13,6 +13,30 @@ cdef enum:
     _OK = -1
     _EMPTY = -2
     _LENGTH = -3
+    _LAYERS = -4
+
+
+cdef inline Py_ssize_t _check_layers(const CKvCacheExtParam* ext, bint pull, uint32_t num_tensors) noexcept nogil:
+    """Layer-range -> tensor-index math of kvblocks/rules.h, run before the call for a clear error.
+
+    `num_tensors` is the local cache's tensor count for pull and the caller's desc count for push;
+    0 means unknown (a bare cache id was passed), in which case the runtime alone decides.
+    """
+    cdef c_bool explicit_range
+    cdef CTensorSpan span
+    if num_tensors == 0:
+        return _OK
+    if pull:
+        if PullTensorSpan(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
+                          ext.dst_layer_range.second, ext.tensor_num_per_layer, num_tensors, &explicit_range,
+                          &span) != RuleError.kOk:
+            return _LAYERS
+        return _OK
+    if (PushRangesValid(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
+                        ext.dst_layer_range.second, num_tensors) != RuleError.kOk or
+            ext.tensor_num_per_layer == 0):
+        return _LAYERS
+    return _OK
 
 
 cdef inline Py_ssize_t _check_pairs(const vector[uint64_t]& src, const vector[uint64_t]& dst,
@@ -38,6 +62,8 @@ cdef object _raise_pairs(Py_ssize_t code, const vector[uint64_t]& src, const vec
                          bint local_is_dst, uint64_t limit, str what):
     if code == _EMPTY:
         raise _errors.exception_for(LLM_PARAM_INVALID, what, "src_blocks is empty")
+    if code == _LAYERS:
+        raise _errors.exception_for(LLM_PARAM_INVALID, what, "invalid layer selection for this cache")
     if code == _LENGTH:
         raise _errors.exception_for(
             LLM_PARAM_INVALID, what, f"src_blocks and dst_blocks differ in length ({src.size()} vs {dst.size()})")

@@ -322,14 +322,18 @@ cdef class LlmDataDist:
         _as_blocks(dst_blocks, dst, "dst_blocks")
         cdef CCache c
         cdef uint64_t limit = UINT64_MAX_
+        cdef uint32_t ntensors = 0
         c.cache_id = _cache_id(dst_cache)
         if isinstance(dst_cache, Cache):
             limit = (<Cache>dst_cache)._num_blocks
+            ntensors = (<Cache>dst_cache).cache_desc.num_tensors
         cdef const CKvCacheExtParam* ext = &_DEFAULT_EXT._c if ext_param is None else &ext_param._c
         cdef Py_ssize_t bad
         cdef Status st
         with nogil:
             bad = _check_pairs(src, dst, True, limit)
+            if bad == _OK:
+                bad = _check_layers(ext, True, ntensors)
             if bad == _OK:
                 st = self._impl.get().PullKvBlocks(src_index._c, c, src, dst, ext[0])
         if bad != _OK:
@@ -369,6 +373,8 @@ cdef class LlmDataDist:
         cdef Status st
         with nogil:
             bad = _check_pairs(src, dst, False, limit)
+            if bad == _OK:
+                bad = _check_layers(ext, False, c.cache_desc.num_tensors)
             if bad == _OK:
                 st = self._impl.get().PushKvBlocks(c, dst_index._c, src, dst, ext[0])
         if bad != _OK:
