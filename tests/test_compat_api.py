@@ -5,6 +5,7 @@ One compat LLMDataDist may be initialized per process (as CANN), so the peer her
 kvblocks.LlmDataDist in the same process, linked over loopback.
 """
 import gc
+import os
 import socket
 import subprocess
 import sys
@@ -155,9 +156,13 @@ def test_module_exports():
     assert (B2, C2, D2) == (BlocksCacheKey, Cache, CacheDesc)
 
 
-def test_no_top_level_llm_datadist_outside_the_runner():
+def test_no_top_level_llm_datadist_outside_the_runner(tmp_path):
     code = "import kvblocks, kvblocks.llm_datadist\ntry:\n import llm_datadist\nexcept ImportError:\n print('absent')"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kb.__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
+                       env=env)
     assert "absent" in r.stdout, r.stdout + r.stderr
 
 

@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -27,7 +28,7 @@ def _env():
 
 def flags():
     out = subprocess.run([sys.executable, "-m", "kvblocks", "--cflags", "--libs"], capture_output=True, text=True,
-                         check=True, env=_env(), timeout=60).stdout
+                         check=True, env=_env(), timeout=60, cwd=tempfile.gettempdir()).stdout
     return shlex.split(out)
 
 
