@@ -1516,6 +1516,8 @@ def main(argv=None) -> int:
         for variant in (("nixl", "nixl-tcp") if e == "nixl" else ("mooncake",)):
             specs = engine_specs(variant, rows)
             if not specs:
+                which = "tcp" if variant in ("mooncake", "nixl-tcp") else "shm/cma"
+                skipped.append(f"{variant}: no {which} transfer case selected; nothing to compare")
                 continue
             ok, why = engine_available(variant)
             if not ok:
