@@ -87,6 +87,11 @@ CASES = [
     ("order-tnpl0+src-empty", f"pull 1 P 0 D - 0 -1 -1 -1 -1 0"),
     ("order-batch1+src-empty", f"pull 1 P 1 D - - {ALL}"),
     ("order-dst-unknown+lengths", f"pull 1 P 0 #99 0,1 0 {ALL}"),
+    ("order-unlinked+tnpl7", "pull 3 P 0 D 0 0 0 1 0 1 7"),
+    ("order-push-unlinked+layer5", "push P 3 D 0 0 0 4 5 0 1 2"),
+    ("order-push-unlinked+tnpl7", "push P 3 D 0 0 0 0 1 0 1 7"),
+    ("order-push-dst-unknown+layer5", "push P 2 #99 0 0 0 4 5 0 1 2"),
+    ("order-push-src-unknown+layer5", "push #99 2 D 0 0 0 4 5 0 1 2"),
     # ---- PushKvBlocks (61-73)
     ("c61", "push P 2 D 0 0 0 0 0 0 0 2"),
     ("c62", f"push P 2 D 0 0,1 0,1 {ALL}"),
@@ -248,6 +253,9 @@ CASES = [
     ("c11-pull", f"pull 1 P 0 D 0 0 {ALL}"),
     ("c11-pull-src-empty", f"pull 1 P 0 D - 0 {ALL}"),
     ("c11-pull-dst-oob", f"pull 1 P 0 D 0 4 {ALL}"),
+    ("c11-pull-tnpl0", "pull 1 P 0 D 0 0 -1 -1 -1 -1 0"),
+    ("c11-pull-tnpl7", "pull 1 P 0 D 0 0 0 1 0 1 7"),
+    ("c11-pull-layer5", "pull 1 P 0 D 0 0 5 5 5 5 2"),
     ("c11-register", "register 10 3 4,16 10 -1"),
     ("c11-unregister", "unregister D"),
     ("c11-finalize-again", "finalize_d"),
@@ -269,10 +277,16 @@ CASES = [
     ("stale-unregister-d", "unregister D"),
     ("order-dst-unregistered+dst-oob", f"pull 1 P 0 D 0 4 {ALL}"),
     ("dst-unregistered", f"pull 1 P 0 D 0 0 {ALL}"),
+    ("order-dst-unregistered+tnpl7", "pull 1 P 0 D 0 0 0 1 0 1 7"),
+    ("order-dst-unregistered+dst-layer5", "pull 1 P 0 D 0 0 5 5 5 5 2"),
+    ("order-dst-unregistered+tnpl0", "pull 1 P 0 D 0 0 -1 -1 -1 -1 0"),
     ("p-finalize", "finalize_p"),
     ("c11-push", f"push P 2 D 0 0 0 {ALL}"),
     ("c11-push-src-empty", f"push P 2 D 0 - - {ALL}"),
     ("c11-push-src-oob", f"push P 2 D 0 4 0 {ALL}"),
+    ("c11-push-tnpl0", "push P 2 D 0 0 0 0 1 0 1 0"),
+    ("c11-push-widths", "push P 2 D 0 0 0 0 1 0 3 2"),
+    ("c11-push-layer5", "push P 2 D 0 0 0 4 5 0 1 2"),
     ("c11-pushcache", f"pushcache P 2 D 0 0 -1 {ALL}"),
     # ---- timeout (59): last, it breaks the link
     ("c59-fixture", "fixture 1 2 1 10 16 llm.SyncKvCacheWaitTime=0;kvblocks.Transport=tcp "
@@ -282,7 +296,7 @@ CASES = [
 ]
 
 # Cases where the Python API is known to differ from C++ (xfail, strict). The Cython layer runs its
-# block-list checks (empty, lengths, local index bounds) before calling the runtime, so it answers
+# block-list and layer-range checks (empty, lengths, local index bounds, tnpl, ranges) before calling the runtime, so it answers
 # LLM_PARAM_INVALID where the runtime's earlier checks answer first: not initialized (LLM_FAILED),
 # no link (LLM_NOT_YET_LINK), unknown cache (LLM_KV_CACHE_NOT_EXIST). Temporary: reported for a fix.
 _PRECHECK = "Cython block-list pre-check runs before the runtime's earlier checks: "
@@ -296,6 +310,14 @@ KNOWN_DIVERGENT = {
     "c10-pull-lengths": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
     "c11-push-src-empty": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
     "c11-push-src-oob": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
+    # The layer-range pre-check (_check_layers) has the same ordering problem.
+    "c11-pull-tnpl0": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
+    "c11-pull-tnpl7": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
+    "c11-pull-layer5": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
+    "c11-push-tnpl0": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
+    "c11-push-widths": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
+    "order-dst-unregistered+tnpl7": _PRECHECK + "C++ LLM_KV_CACHE_NOT_EXIST, Python LLM_PARAM_INVALID",
+    "order-dst-unregistered+dst-layer5": _PRECHECK + "C++ LLM_KV_CACHE_NOT_EXIST, Python LLM_PARAM_INVALID",
 }
 
 
