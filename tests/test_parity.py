@@ -296,9 +296,10 @@ CASES = [
 ]
 
 # Cases where the Python API is known to differ from C++ (xfail, strict). The Cython layer runs its
-# block-list and layer-range checks (empty, lengths, local index bounds, tnpl, ranges) before calling the runtime, so it answers
-# LLM_PARAM_INVALID where the runtime's earlier checks answer first: not initialized (LLM_FAILED),
-# no link (LLM_NOT_YET_LINK), unknown cache (LLM_KV_CACHE_NOT_EXIST). Temporary: reported for a fix.
+# block-list and layer-range checks (empty, lengths, local index bounds, tnpl, ranges) before
+# calling the runtime, so it answers LLM_PARAM_INVALID where the runtime's earlier checks answer
+# first: not initialized (LLM_FAILED), no link (LLM_NOT_YET_LINK), unknown cache
+# (LLM_KV_CACHE_NOT_EXIST). Temporary: reported for a fix.
 _PRECHECK = "Cython block-list pre-check runs before the runtime's earlier checks: "
 KNOWN_DIVERGENT = {
     "order-unlinked+dst-oob": _PRECHECK + "C++ LLM_NOT_YET_LINK, Python LLM_PARAM_INVALID",
