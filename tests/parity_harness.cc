@@ -87,7 +87,8 @@ Status Register(LlmDataDist &dd, Mem &m, uint32_t nt, int64_t rows, int64_t cols
   m.tensors.assign(nt, std::vector<int32_t>(rows * cols));
   std::vector<uint64_t> addrs;
   for (uint32_t t = 0; t < nt; ++t) {
-    for (int64_t i = 0; i < rows * cols; ++i) m.tensors[t][i] = sign * (base + static_cast<int32_t>(t * rows * cols + i));
+    for (int64_t i = 0; i < rows * cols; ++i)
+      m.tensors[t][i] = sign * (base + static_cast<int32_t>(t * rows * cols + i));
     addrs.push_back(reinterpret_cast<uint64_t>(m.tensors[t].data()));
   }
   m.desc.placement = placement;
