@@ -334,9 +334,10 @@ cdef class LlmDataDist:
             bad = _check_pairs(src, dst, True, limit)
             if bad == _OK:
                 bad = _check_layers(ext, True, ntensors)
-            if bad == _OK:
-                st = self._impl.get().PullKvBlocks(src_index._c, c, src, dst, ext[0])
-        if bad != _OK:
+            # The runtime always decides the status, so Python and C++ answer alike even when
+            # several arguments are wrong; the checks above only name the culprit.
+            st = self._impl.get().PullKvBlocks(src_index._c, c, src, dst, ext[0])
+        if st == LLM_PARAM_INVALID and bad != _OK:
             _raise_pairs(bad, src, dst, True, limit, "pull_kv_blocks")
         check_status(st, b"pull_kv_blocks")
 
@@ -375,9 +376,8 @@ cdef class LlmDataDist:
             bad = _check_pairs(src, dst, False, limit)
             if bad == _OK:
                 bad = _check_layers(ext, False, c.cache_desc.num_tensors)
-            if bad == _OK:
-                st = self._impl.get().PushKvBlocks(c, dst_index._c, src, dst, ext[0])
-        if bad != _OK:
+            st = self._impl.get().PushKvBlocks(c, dst_index._c, src, dst, ext[0])
+        if st == LLM_PARAM_INVALID and bad != _OK:
             _raise_pairs(bad, src, dst, False, limit, "push_kv_blocks")
         check_status(st, b"push_kv_blocks")
 

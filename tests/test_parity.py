@@ -295,31 +295,9 @@ CASES = [
     ("c59-after", f"pull 1 P 0 D 0 0 {ALL}"),
 ]
 
-# Cases where the Python API is known to differ from C++ (xfail, strict). The Cython layer runs its
-# block-list and layer-range checks (empty, lengths, local index bounds, tnpl, ranges) before
-# calling the runtime, so it answers LLM_PARAM_INVALID where the runtime's earlier checks answer
-# first: not initialized (LLM_FAILED), no link (LLM_NOT_YET_LINK), unknown cache
-# (LLM_KV_CACHE_NOT_EXIST). Temporary: reported for a fix.
-_PRECHECK = "Cython block-list pre-check runs before the runtime's earlier checks: "
-KNOWN_DIVERGENT = {
-    "order-unlinked+dst-oob": _PRECHECK + "C++ LLM_NOT_YET_LINK, Python LLM_PARAM_INVALID",
-    "order-push-unlinked+src-oob": _PRECHECK + "C++ LLM_NOT_YET_LINK, Python LLM_PARAM_INVALID",
-    "order-push-dst-unknown+src-oob": _PRECHECK + "C++ LLM_KV_CACHE_NOT_EXIST, Python LLM_PARAM_INVALID",
-    "order-dst-unregistered+dst-oob": _PRECHECK + "C++ LLM_KV_CACHE_NOT_EXIST, Python LLM_PARAM_INVALID",
-    "c11-pull-src-empty": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
-    "c11-pull-dst-oob": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
-    "c10-pull-lengths": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
-    "c11-push-src-empty": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
-    "c11-push-src-oob": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
-    # The layer-range pre-check (_check_layers) has the same ordering problem.
-    "c11-pull-tnpl0": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
-    "c11-pull-tnpl7": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
-    "c11-pull-layer5": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
-    "c11-push-tnpl0": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
-    "c11-push-widths": _PRECHECK + "C++ LLM_FAILED, Python LLM_PARAM_INVALID",
-    "order-dst-unregistered+tnpl7": _PRECHECK + "C++ LLM_KV_CACHE_NOT_EXIST, Python LLM_PARAM_INVALID",
-    "order-dst-unregistered+dst-layer5": _PRECHECK + "C++ LLM_KV_CACHE_NOT_EXIST, Python LLM_PARAM_INVALID",
-}
+# Cases where the Python API is known to differ from C++ (xfail, strict). None: the Cython
+# pre-checks only name the culprit, the runtime always decides the status.
+KNOWN_DIVERGENT: dict = {}
 
 
 # ---------------------------------------------------------------- the Python interpreter

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,19 +12,37 @@
 
 namespace kvblocks {
 
+namespace {
+// Prefaulting spares the first transfer its page faults, but only when the pages surely fit:
+// populating more than the free memory would get the process OOM-killed instead of failing.
+int PopulateFlag(size_t size) {
+  struct sysinfo si;
+  if (sysinfo(&si) != 0) return 0;
+  const unsigned long long free_bytes = static_cast<unsigned long long>(si.freeram) * si.mem_unit;
+  return size <= free_bytes / 2 ? MAP_POPULATE : 0;
+}
+
+bool FitsInMemory(size_t size) {
+  struct sysinfo si;
+  if (sysinfo(&si) != 0) return true;
+  const unsigned long long total = (static_cast<unsigned long long>(si.totalram) + si.totalswap) * si.mem_unit;
+  return size <= total;
+}
+}  // namespace
+
 SharedRegion::~SharedRegion() {
   if (base != nullptr) munmap(base, size);
   if (fd >= 0) close(fd);
 }
 
 std::shared_ptr<SharedRegion> SharedRegion::Create(size_t size) {
+  if (!FitsInMemory(size)) return nullptr;  // LLM_*OUT_OF_MEMORY rather than a later OOM kill
   const int fd = memfd_create("kvblocks-cache", MFD_CLOEXEC);
   if (fd < 0) return nullptr;
   auto r = std::make_shared<SharedRegion>();
   r->fd = fd;
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) return nullptr;
-  // Prefault: the first transfer should not pay for page faults.
-  void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | PopulateFlag(size), fd, 0);
   if (p == MAP_FAILED) return nullptr;
   r->base = static_cast<uint8_t *>(p);
   r->size = size;
@@ -44,7 +63,7 @@ std::shared_ptr<SharedRegion> SharedRegion::MapPeer(int pid, int fd, uint64_t in
   struct stat st;
   if (fstat(local, &st) != 0 || st.st_ino != ino || st.st_dev != dev || static_cast<uint64_t>(st.st_size) < size)
     return nullptr;
-  void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, local, 0);
+  void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | PopulateFlag(size), local, 0);
   if (p == MAP_FAILED) return nullptr;
   r->base = static_cast<uint8_t *>(p);
   r->size = size;
