@@ -114,14 +114,32 @@ cdef int _buffer_blocks(object obj, vector[uint64_t]& out, str name) except -1:
         kind = fmt[0]
         is_signed = fmt in b"bhilqn"
         n = view.len // view.itemsize
-        out.resize(n)
         with nogil:
-            neg = _widen(view.buf, view.itemsize, is_signed, n, out.data())
+            if view.itemsize == 8:
+                # assign() copies without zero-filling first; the sign check then reads the copy.
+                out.assign(<const uint64_t*>view.buf, <const uint64_t*>view.buf + n)
+                neg = _first_negative(out.data(), n) if is_signed else -1
+            else:
+                out.resize(n)
+                neg = _widen(view.buf, view.itemsize, is_signed, n, out.data())
         if neg >= 0:
             raise ValueError(f"{name}[{neg}] is negative")
     finally:
         PyBuffer_Release(&view)
     return 0
+
+
+cdef Py_ssize_t _first_negative(const uint64_t* v, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef uint64_t bad = 0
+    for i in range(n):
+        bad |= v[i]
+    if (bad >> 63) == 0:
+        return -1
+    for i in range(n):
+        if (v[i] >> 63) != 0:
+            return i
+    return -1
 
 
 cdef Py_ssize_t _widen(const void* buf, Py_ssize_t itemsize, bint is_signed, Py_ssize_t n,
