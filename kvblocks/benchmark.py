@@ -236,6 +236,8 @@ def _peer_main(conn, cluster_id, transport):
                 conn.send(("ok", None))
             elif op == "check":
                 conn.send(("ok", check_blocks(caches[msg[1]][2], msg[2], msg[3], msg[4])))
+            elif op == "addrs":
+                conn.send(("ok", (os.getpid(), [a.ctypes.data for a in caches[msg[1]][2]])))
             elif op == "raw":
                 if lsock is None:
                     lsock = socket.socket()
@@ -511,6 +513,52 @@ def _gather_case(size, pattern):
                 pgroup=f"samehost-{size}")
 
 
+def _raw_cma_case(size, direction, pattern):
+    """process_vm_readv/writev through ctypes on the same blocks of the peer's registered arrays:
+    one iovec per block, 1024 per syscall, iovecs built before timing (the kernel's CMA cost)."""
+    L, nb, bb, B = SIZES[size]
+
+    def make(h):
+        import ctypes
+
+        np = _np()
+        p = h.pair("cma", 2 * L, nb, bb)
+        pid, raddrs = p.peer.call("addrs", p.rkey)
+        libc = ctypes.CDLL(None, use_errno=True)
+        f = libc.process_vm_readv if direction == "pull" else libc.process_vm_writev
+        f.restype = ctypes.c_ssize_t
+        f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+        la = np.array([a.ctypes.data for a in p.arrays], dtype=np.uint64)[:, None]
+        ra = np.array(raddrs, dtype=np.uint64)[:, None]
+        rng = np.random.default_rng(3)
+        prepared = []
+        for s, d in id_lists(rng, nb, B, pattern, 8):
+            remote, local = (s, d) if direction == "pull" else (d, s)
+            liov = np.empty((2 * L * B, 2), dtype=np.uint64)
+            riov = np.empty((2 * L * B, 2), dtype=np.uint64)
+            liov[:, 0] = (la + local[None, :] * np.uint64(bb)).ravel()
+            riov[:, 0] = (ra + remote[None, :] * np.uint64(bb)).ravel()
+            liov[:, 1] = bb
+            riov[:, 1] = bb
+            prepared.append((liov, riov))
+        it = itertools.cycle(prepared)
+        n = 2 * L * B
+
+        def fn():
+            liov, riov = next(it)
+            lp, rp = liov.ctypes.data, riov.ctypes.data
+            for k in range(0, n, 1024):
+                m = min(1024, n - k)
+                if f(pid, lp + k * 16, m, rp + k * 16, m, 0) != m * bb:
+                    raise OSError(ctypes.get_errno(), "process_vm_readv/writev failed")
+        return fn, None
+
+    return Case(f"base/raw-cma/{size}/{direction}/{pattern}", "cma", make, baseline=_base_for("cma", size, pattern),
+                bytes=2 * L * B * bb, blocks=2 * L * B, reps=size, path="raw",
+                note="ctypes process_vm_readv/writev, 1 iovec per block, iovecs prebuilt",
+                pgroup=f"samehost-{size}")
+
+
 def _raw_send_case(size):
     L, nb, bb, B = SIZES[size]
     nbytes = 2 * L * B * bb
@@ -779,6 +827,9 @@ def all_cases():
         for size in ("small", "large"):
             if path == "tcp":
                 cases.append(_raw_send_case(size))
+            if path == "cma":
+                for direction in ("pull", "push"):
+                    cases.append(_raw_cma_case(size, direction, "random"))
             for direction in ("pull", "push"):
                 for pattern in ("random", "contig"):
                     cases.append(_transfer_case(path, size, direction, pattern))
@@ -1120,8 +1171,16 @@ def _driver(engine, name, initiator):
     return (_MooncakeDriver if engine == "mooncake" else _NixlDriver)(name, initiator)
 
 
+def _quiet_stderr():
+    """Engines log to fd 2 from C++ (glog, UCX); their errors reach us through the pipe instead."""
+    fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def _engine_target(conn, engine):
     os.environ.update(_engine_env(engine))
+    _quiet_stderr()
     drv = _driver(engine, "target", False)
     arrays = None
     while True:
@@ -1151,6 +1210,7 @@ def _engine_target(conn, engine):
 def _engine_initiator(conn, engine, specs, scale):
     """Runs [(id, size, direction, pattern)] through ``engine``; sends back rows."""
     os.environ.update(_engine_env(engine))
+    _quiet_stderr()
     np = _np()
     ctx = mp.get_context("spawn")
     tconn, child = ctx.Pipe()
@@ -1453,11 +1513,14 @@ def plot(rows, peer_rows, path):
     for r in peer_rows:
         if r.get("GBps") and r.get("dir") == "pull" and r.get("pattern") == "random":
             series.setdefault(f"{r['engine']} pull", []).append((r["bytes"], r["GBps"]))
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(9, 5.5))
     for name, pts in sorted(series.items()):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        cases_only = "small/large" in name or r"pull" in name and not name.startswith("kvblocks")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="x" if cases_only else "o",
+                linestyle=":" if cases_only else "-", label=name)
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ax.set_xlabel("bytes per call")
     ax.set_ylabel("GB/s (median)")
     ax.set_title("kvblocks: bandwidth vs transfer size per path")
