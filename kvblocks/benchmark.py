@@ -795,7 +795,8 @@ def _import_case(module, baseline=None):
         return float(out[0]), out[1] == "True"
 
     def make(h):
-        return (lambda: run_once()), (lambda: int(run_once()[1]))  # "bad" = numpy was imported
+        check = (lambda: int(run_once()[1])) if module == "kvblocks" else None  # "bad" = numpy was imported
+        return (lambda: run_once()), check
 
     def custom(h, n=15):
         run_once()
@@ -992,7 +993,7 @@ def run_cases(cases, h, scale=1.0, progress=True, paired=True):
     made = {}  # baseline id -> fn, made once
     for c in cases:
         bar.step(c.id)
-        row = {"id": c.id, "group": c.group, "path": c.path, "bytes": c.bytes, "blocks": c.blocks,
+        row = {"id": c.id, "group": c.group, "section": _section(c), "path": c.path, "bytes": c.bytes, "blocks": c.blocks,
                "baseline": c.baseline, "note": c.note, "engine": "kvblocks" if c.group != "base" else "numpy"}
         try:
             if c.custom is not None:
@@ -1021,6 +1022,36 @@ def run_cases(cases, h, scale=1.0, progress=True, paired=True):
     bar.done()
     _derive(rows)
     return rows
+
+
+SECTIONS = (("validation", "Validation: block-list checks vs a pure-Python loop"),
+            ("dispatch", "In-process dispatch: pull_kv_blocks vs memcpy of the same bytes"),
+            ("samehost", "Same host, cross-process (shm: allocated caches; cma: registered numpy arrays)"),
+            ("tcp", "TCP (kvblocks.Transport=tcp) vs a raw loopback socket"),
+            ("scaling", "Scaling (shm unless named; pull, random ids)"),
+            ("import", "import kvblocks in a fresh interpreter"))
+
+
+def _section(c):
+    for key, _ in SECTIONS:
+        if c.pgroup.startswith(key):
+            return key
+    return "other"
+
+
+def markdown(rows, peer_rows, tg, skipped=()):
+    """The tables as Markdown, one per section (what bench/RESULTS.md holds)."""
+    out = []
+    if tg:
+        out += ["### Targets", "", targets_table(tg, True), ""]
+    for key, title in SECTIONS:
+        sec = [r for r in rows if r.get("section") == key]
+        if sec:
+            out += [f"### {title}", "", table(sec, True), ""]
+    if peer_rows:
+        out += ["### Peer engines, same cases, same run", "", table(peer_rows, True), ""]
+    out += [f"- {s}" for s in skipped]
+    return "\n".join(out) + "\n"
 
 
 def _derive(rows):
@@ -1611,11 +1642,7 @@ def main(argv=None) -> int:
                        "skipped": skipped}, f, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(table(rows, True) + "\n\n")
-            if peer_rows:
-                f.write(table(peer_rows, True) + "\n\n")
-            if tg:
-                f.write(targets_table(tg, True) + "\n")
+            f.write(markdown(rows, peer_rows, tg, skipped))
     if args.plot and plot(rows, peer_rows, args.plot):
         print(f"\nplot written to {args.plot}")
     bad = [r["id"] for r in rows + peer_rows if r.get("bad_blocks") and not r["id"].startswith("import/")]
