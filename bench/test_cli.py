@@ -7,8 +7,10 @@ import sys
 
 
 def _run(tmp_path, *args):
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import kvblocks
+
+    env = dict(os.environ)  # the child imports the same kvblocks as this process
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kvblocks.__file__)))
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return subprocess.run([sys.executable, "-m", "kvblocks", "bench", *args], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=300)
