@@ -13,7 +13,8 @@ def run(code):
     import kvblocks
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(kvblocks.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + [p for p in [env.get("PYTHONPATH")] if p])
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                         cwd=os.path.dirname(os.path.abspath(__file__)))
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 

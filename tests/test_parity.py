@@ -491,7 +491,7 @@ def results(tmp_path_factory):
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ is not installed")
-    flags = subprocess.run([sys.executable, "-m", "kvblocks", "--cflags", "--libs"], capture_output=True,
+    flags = subprocess.run([sys.executable, "-m", "kvblocks", "--cflags", "--libs"], cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True,
                            text=True, check=True).stdout.split()
     exe = str(tmp_path_factory.mktemp("parity") / "parity_harness")
     build = subprocess.run([gxx, "-O1", "-o", exe, HARNESS] + flags, capture_output=True, text=True)
