@@ -173,6 +173,19 @@ struct Reader {
   }
 };
 
+// Appends [p, p+len) to an iovec list, merging it into the last entry when they touch.
+inline void AppendIov(std::vector<iovec> *v, uint8_t *p, size_t len) {
+  if (len == 0) return;
+  if (!v->empty()) {
+    iovec &last = v->back();
+    if (static_cast<uint8_t *>(last.iov_base) + last.iov_len == p) {
+      last.iov_len += len;
+      return;
+    }
+  }
+  v->push_back(iovec{p, len});
+}
+
 // ---------------------------------------------------------------- transfer plan
 struct Segment {
   uint64_t src_off, dst_off, len;

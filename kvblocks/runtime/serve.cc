@@ -18,16 +18,6 @@ struct Request {
   uint64_t declared = 0;
 };
 
-void AppendIov(std::vector<iovec> *v, uint8_t *p, size_t len) {
-  if (!v->empty()) {
-    iovec &last = v->back();
-    if (static_cast<uint8_t *>(last.iov_base) + last.iov_len == p) {
-      last.iov_len += len;
-      return;
-    }
-  }
-  v->push_back(iovec{p, len});
-}
 
 }  // namespace
 

@@ -16,17 +16,6 @@ namespace {
 
 inline int64_t DeadlineFrom(int64_t ms) { return NowNs() + ms * 1000000LL; }
 
-void AppendIov(std::vector<iovec> *v, uint8_t *p, size_t len) {
-  if (len == 0) return;
-  if (!v->empty()) {
-    iovec &last = v->back();
-    if (static_cast<uint8_t *>(last.iov_base) + last.iov_len == p) {
-      last.iov_len += len;
-      return;
-    }
-  }
-  v->push_back(iovec{p, len});
-}
 
 // memcpy over every (tensor pair in [begin, end), segment); src/dst bases indexed by tensor.
 Status CopyRange(const Plan &plan, uint8_t *const *src, uint8_t *const *dst, int64_t deadline, size_t begin,
