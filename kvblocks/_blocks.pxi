@@ -39,38 +39,44 @@ cdef inline Py_ssize_t _check_layers(const CKvCacheExtParam* ext, bint pull, uin
     return _OK
 
 
-cdef inline Py_ssize_t _check_pairs(const vector[uint64_t]& src, const vector[uint64_t]& dst,
-                                    bint local_is_dst, uint64_t limit) noexcept nogil:
+cdef inline Py_ssize_t _check_pairs_p(const uint64_t* src, size_t ns, const uint64_t* dst, size_t nd,
+                                      bint local_is_dst, uint64_t limit) noexcept nogil:
     """Non-empty, equal lengths, and every local index (dst for pull, src for push) < limit.
 
     The bounds rule is the runtime's own (kvblocks/rules.h), so the layers cannot disagree.
     """
-    if src.size() == 0:
+    if ns == 0:
         return _EMPTY
-    if src.size() != dst.size():
+    if ns != nd:
         return _LENGTH
-    cdef const uint64_t* p
-    if local_is_dst:
-        p = dst.data()
-    else:
-        p = src.data()
-    cdef size_t pos = FirstOutOfRange(p, src.size(), limit)
-    return _OK if pos == src.size() else <Py_ssize_t>pos
+    cdef const uint64_t* p = dst if local_is_dst else src
+    cdef size_t pos = FirstOutOfRange(p, ns, limit)
+    return _OK if pos == ns else <Py_ssize_t>pos
 
 
-cdef object _raise_pairs(Py_ssize_t code, const vector[uint64_t]& src, const vector[uint64_t]& dst,
-                         bint local_is_dst, uint64_t limit, str what):
+cdef inline Py_ssize_t _check_pairs(const vector[uint64_t]& src, const vector[uint64_t]& dst,
+                                    bint local_is_dst, uint64_t limit) noexcept nogil:
+    return _check_pairs_p(src.data(), src.size(), dst.data(), dst.size(), local_is_dst, limit)
+
+
+cdef object _raise_pairs_p(Py_ssize_t code, const uint64_t* src, size_t ns, const uint64_t* dst, size_t nd,
+                           bint local_is_dst, uint64_t limit, str what):
     if code == _EMPTY:
         raise _errors.exception_for(LLM_PARAM_INVALID, what, "src_blocks is empty")
     if code == _LAYERS:
         raise _errors.exception_for(LLM_PARAM_INVALID, what, "invalid layer selection for this cache")
     if code == _LENGTH:
         raise _errors.exception_for(
-            LLM_PARAM_INVALID, what, f"src_blocks and dst_blocks differ in length ({src.size()} vs {dst.size()})")
+            LLM_PARAM_INVALID, what, f"src_blocks and dst_blocks differ in length ({ns} vs {nd})")
     name = "dst_blocks" if local_is_dst else "src_blocks"
     value = dst[code] if local_is_dst else src[code]
     raise _errors.exception_for(
         LLM_PARAM_INVALID, what, f"{name}[{code}] = {value} is out of range for a cache of {limit} blocks")
+
+
+cdef object _raise_pairs(Py_ssize_t code, const vector[uint64_t]& src, const vector[uint64_t]& dst,
+                         bint local_is_dst, uint64_t limit, str what):
+    _raise_pairs_p(code, src.data(), src.size(), dst.data(), dst.size(), local_is_dst, limit, what)
 
 
 cdef int _as_blocks(object obj, vector[uint64_t]& out, str name) except -1:
@@ -99,33 +105,63 @@ cdef extern from "Python.h":
     bint PyObject_CheckBuffer(object obj)
 
 
+cdef inline int _int_kind(const char* fmt) noexcept nogil:
+    """Kind of a buffer's struct format: 0 not a single integer, 1 unsigned, 2 signed."""
+    if fmt == NULL:
+        return 1  # no format means unsigned bytes
+    while fmt[0] == b'@' or fmt[0] == b'=' or fmt[0] == b'<':
+        fmt += 1
+    if fmt[0] == 0 or fmt[1] != 0:
+        return 0
+    if fmt[0] in b"BHILQN":
+        return 1
+    if fmt[0] in b"bhilqn":
+        return 2
+    return 0
+
+
+# Lists this long are converted and checked with the GIL released; shorter ones are not worth it.
+cdef enum:
+    _NOGIL_BLOCKS = 65536
+
+
+cdef int _get_int_buffer(object obj, Py_buffer* view, bint* is_signed, str name) except -1:
+    """Exports `obj` as a 1-D C-contiguous integer buffer (the caller releases it)."""
+    PyObject_GetBuffer(obj, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS)
+    cdef int kind = _int_kind(view.format)
+    if view.ndim > 1 or kind == 0:
+        fmt = view.format.decode() if view.format != NULL else "B"
+        PyBuffer_Release(view)
+        if kind == 0:
+            raise TypeError(f"{name} must hold integers, got buffer format {fmt!r}")
+        raise TypeError(f"{name} must be one-dimensional")
+    is_signed[0] = kind == 2
+    return 0
+
+
 cdef int _buffer_blocks(object obj, vector[uint64_t]& out, str name) except -1:
     cdef Py_buffer view
-    PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS)
-    cdef Py_ssize_t n, i, neg = -1
-    cdef char kind
     cdef bint is_signed
+    _get_int_buffer(obj, &view, &is_signed, name)
+    cdef Py_ssize_t n = view.len // view.itemsize, neg = -1
     try:
-        if view.ndim > 1:
-            raise TypeError(f"{name} must be one-dimensional")
-        fmt = (<bytes>view.format).lstrip(b"@=<")
-        if len(fmt) != 1 or fmt not in b"bBhHiIlLqQnN":
-            raise TypeError(f"{name} must hold integers, got buffer format {fmt!r}")
-        kind = fmt[0]
-        is_signed = fmt in b"bhilqn"
-        n = view.len // view.itemsize
-        with nogil:
-            if view.itemsize == 8:
-                # assign() copies without zero-filling first; the sign check then reads the copy.
-                out.assign(<const uint64_t*>view.buf, <const uint64_t*>view.buf + n)
-                neg = _first_negative(out.data(), n) if is_signed else -1
-            else:
-                out.resize(n)
+        if view.itemsize == 8:
+            # One copy (assign does not zero-fill); the sign check then reads the copy.
+            out.assign(<const uint64_t*>view.buf, <const uint64_t*>view.buf + n)
+            if is_signed:
+                if n >= _NOGIL_BLOCKS:
+                    with nogil:
+                        neg = _first_negative(out.data(), n)
+                else:
+                    neg = _first_negative(out.data(), n)
+        else:
+            out.resize(n)
+            with nogil:
                 neg = _widen(view.buf, view.itemsize, is_signed, n, out.data())
-        if neg >= 0:
-            raise ValueError(f"{name}[{neg}] is negative")
     finally:
         PyBuffer_Release(&view)
+    if neg >= 0:
+        raise ValueError(f"{name}[{neg}] is negative")
     return 0
 
 
@@ -182,9 +218,38 @@ cdef Py_ssize_t _widen(const void* buf, Py_ssize_t itemsize, bint is_signed, Py_
     return -1
 
 
+cdef int _blocks_view(object obj, Py_buffer* view, vector[uint64_t]& storage, const uint64_t** p,
+                      size_t* n, str name) except -1:
+    """Points `p` at the block ids: in place for 8-byte integer buffers, else converted into
+    `storage`. Returns 1 when `view` is held and the caller must release it."""
+    cdef bint is_signed
+    cdef Py_ssize_t neg = -1
+    if type(obj) is list or type(obj) is tuple:
+        _as_blocks(obj, storage, name)
+    else:
+        if isinstance(obj, (str, bytes, bytearray)) or not PyObject_CheckBuffer(obj):
+            raise TypeError(f"{name} must be a list, tuple, array('Q') or integer ndarray, got {type(obj).__name__}")
+        _get_int_buffer(obj, view, &is_signed, name)
+        if view.itemsize == 8:
+            p[0] = <const uint64_t*>view.buf
+            n[0] = view.len // 8
+            if is_signed:
+                with nogil:
+                    neg = _first_negative(p[0], n[0])
+                if neg >= 0:
+                    PyBuffer_Release(view)
+                    raise ValueError(f"{name}[{neg}] is negative")
+            return 1
+        PyBuffer_Release(view)
+        _buffer_blocks(obj, storage, name)
+    p[0] = storage.data()
+    n[0] = storage.size()
+    return 0
+
+
 def validate_blocks(src_blocks, dst_blocks, uint64_t num_blocks):
     """Runs the transfer's block-list checks alone (no call): non-empty, equal lengths, and
-    every ``dst_blocks`` index below ``num_blocks``. Used by benchmarks and tooling.
+    every ``dst_blocks`` index below ``num_blocks``. 8-byte integer buffers are checked in place.
 
     Raises
     ------
@@ -193,11 +258,25 @@ def validate_blocks(src_blocks, dst_blocks, uint64_t num_blocks):
     ParamInvalidError
         A check failed.
     """
-    cdef vector[uint64_t] src, dst
-    _as_blocks(src_blocks, src, "src_blocks")
-    _as_blocks(dst_blocks, dst, "dst_blocks")
+    cdef vector[uint64_t] src_store, dst_store
+    cdef Py_buffer src_view, dst_view
+    cdef const uint64_t* sp = NULL
+    cdef const uint64_t* dp = NULL
+    cdef size_t ns = 0, nd = 0
     cdef Py_ssize_t bad
-    with nogil:
-        bad = _check_pairs(src, dst, True, num_blocks)
-    if bad != _OK:
-        _raise_pairs(bad, src, dst, True, num_blocks, "validate_blocks")
+    cdef int held_src = 0, held_dst = 0
+    try:
+        held_src = _blocks_view(src_blocks, &src_view, src_store, &sp, &ns, "src_blocks")
+        held_dst = _blocks_view(dst_blocks, &dst_view, dst_store, &dp, &nd, "dst_blocks")
+        if nd >= _NOGIL_BLOCKS:
+            with nogil:
+                bad = _check_pairs_p(sp, ns, dp, nd, True, num_blocks)
+        else:
+            bad = _check_pairs_p(sp, ns, dp, nd, True, num_blocks)
+        if bad != _OK:
+            _raise_pairs_p(bad, sp, ns, dp, nd, True, num_blocks, "validate_blocks")
+    finally:
+        if held_src:
+            PyBuffer_Release(&src_view)
+        if held_dst:
+            PyBuffer_Release(&dst_view)
