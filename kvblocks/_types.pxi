@@ -412,8 +412,8 @@ def _describe_arrays(arrays, placement):
         else:
             try:
                 m = memoryview(a)
-            except TypeError:
-                raise TypeError(f"arrays[{k}] ({type(a).__name__}) does not support the buffer protocol") from None
+            except (TypeError, ValueError):  # ValueError: numpy types with no buffer format (datetime64)
+                raise TypeError(f"arrays[{k}] ({type(a).__name__}) does not export a plain buffer") from None
             if m.readonly:
                 raise TypeError(f"arrays[{k}] is read-only")
             if not m.c_contiguous:

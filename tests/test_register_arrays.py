@@ -102,3 +102,15 @@ def test_torch_cpu_tensors(pair):
         assert torch.equal(dst[t][1], src[t][2]) and not dst[t][0].any()
     with pytest.raises(TypeError, match="contiguous"):
         pair.p.register_arrays([torch.zeros(4, 16).t()])
+
+
+def test_array_without_a_plain_buffer_is_a_type_error():
+    import numpy as np
+
+    dd = kb.LlmDataDist(9, kb.LlmRole.MIX)
+    dd.initialize({kb.OPTION_DEVICE_ID: "0"})
+    try:
+        with pytest.raises(TypeError):
+            dd.register_arrays([np.zeros(4, dtype="datetime64[s]")])
+    finally:
+        dd.finalize()

@@ -202,3 +202,22 @@ def test_link_rets_types(pair):
         pair.d.link_llm_clusters(cluster(1, pair.port))
     with pytest.raises(TypeError):
         pair.d.link_llm_clusters([1])
+
+
+def test_local_comm_res_lets_a_cluster_omit_local_ip_infos():
+    """Spec §3.5: local_ip_infos must hold exactly one entry only when llm.LocalCommRes is absent."""
+    port = free_port()
+    p = kb.LlmDataDist(1, kb.LlmRole.PROMPT)
+    p.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_LISTEN_IP_INFO: f"127.0.0.1:{port}"})
+    without = kb.LlmDataDist(3, kb.LlmRole.DECODER)
+    without.initialize({kb.OPTION_DEVICE_ID: "0"})
+    with_res = kb.LlmDataDist(2, kb.LlmRole.DECODER)
+    with_res.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_LOCAL_COMM_RES: ""})
+    try:
+        bare = kb.ClusterInfo(1, 0, [], [kb.IpInfo("127.0.0.1", port)])
+        assert without.link_llm_clusters([bare]) == [kb.Status.LLM_PARAM_INVALID]
+        assert with_res.link_llm_clusters([bare]) == [kb.Status.LLM_SUCCESS]
+    finally:
+        with_res.finalize()
+        without.finalize()
+        p.finalize()

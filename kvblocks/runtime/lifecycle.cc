@@ -80,6 +80,7 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   }
 
   stopping_.store(false);
+  local_comm_res_ = options.count(AscendString(OPTION_LOCAL_COMM_RES)) != 0;
   wait_time_ms_ = wait_ms;
   transport_ = transport;
   auth_token_ = token;

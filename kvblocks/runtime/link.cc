@@ -234,7 +234,8 @@ int Impl::OpenChannel(const std::shared_ptr<struct Link> &link, ConnKind kind, i
 
 Status Impl::LinkOne(const ClusterInfo &ci, int32_t timeout_ms) {
   const int64_t deadline = NowNs() + static_cast<int64_t>(timeout_ms) * 1000000LL;
-  if (ci.remote_ip_infos.size() != 1 || ci.local_ip_infos.size() != 1) return LLM_PARAM_INVALID;
+  if (ci.remote_ip_infos.size() != 1) return LLM_PARAM_INVALID;
+  if (!local_comm_res_ && ci.local_ip_infos.size() != 1) return LLM_PARAM_INVALID;
   const std::string ip = ci.remote_ip_infos[0].ip.GetString();
   const uint16_t port = ci.remote_ip_infos[0].port;
   {

@@ -327,6 +327,7 @@ class Impl {
   std::string transport_ = "auto";
   std::string auth_token_;
   bool role_check_ = true;
+  bool local_comm_res_ = false;  // CANN: with llm.LocalCommRes a cluster needs no local_ip_infos
 
   // caches
   std::shared_mutex caches_mu_;

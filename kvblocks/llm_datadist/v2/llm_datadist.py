@@ -20,7 +20,8 @@ _ACTIVE: Optional["LLMDataDist"] = None
 
 # CANN Python option -> kvblocks C++ option (options not listed are accepted and ignored).
 _LISTEN_KEYS = ("llm.listenIpInfo", "llm.ListenIpInfo")
-_PASS_THROUGH = ("llm.SyncKvCacheWaitTime", "llm.TransferBackend", _kb.OPTION_TRANSPORT, _kb.OPTION_AUTH_TOKEN)
+_PASS_THROUGH = ("llm.SyncKvCacheWaitTime", "llm.TransferBackend", "llm.LocalCommRes", _kb.OPTION_TRANSPORT,
+                 _kb.OPTION_AUTH_TOKEN)
 
 
 def _listen_value(options: Dict[str, str]) -> Optional[str]:
@@ -177,8 +178,6 @@ class LLMDataDist:
                                    status_code=_PARAM_INVALID)
             local = [_kb.IpInfo(int_to_ip(i), p) for i, p in c.local_ip_info_list]
             remote = [_kb.IpInfo(int_to_ip(i), p) for i, p in c.remote_ip_info_list]
-            if not local and not (for_unlink and force):
-                local = [_kb.IpInfo("0.0.0.0", 0)]  # local_comm_res mode: the route picks the address
             out.append(_kb.ClusterInfo(c.remote_cluster_id, int(c.remote_role_type), local, remote))
         return out
 
