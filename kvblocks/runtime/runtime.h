@@ -195,6 +195,15 @@ struct Plan {
   std::vector<Segment> segs;                       // the same byte ranges in every tensor pair
   uint64_t bytes_per_tensor = 0;
   uint64_t total_bytes() const { return bytes_per_tensor * src_tensors.size(); }
+  // Pairs tensors [src_begin, src_begin + count) with [dst_begin, dst_begin + count).
+  void PairTensors(uint32_t src_begin, uint32_t dst_begin, uint32_t count) {
+    src_tensors.resize(count);
+    dst_tensors.resize(count);
+    for (uint32_t i = 0; i < count; ++i) {
+      src_tensors[i] = src_begin + i;
+      dst_tensors[i] = dst_begin + i;
+    }
+  }
 };
 // Merges consecutive (src, dst) block pairs into runs and appends them as byte segments.
 void BuildBlockSegments(const std::vector<uint64_t> &src, const std::vector<uint64_t> &dst, uint64_t block_bytes,

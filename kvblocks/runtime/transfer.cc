@@ -232,12 +232,7 @@ Status Impl::PullBlocks(const CacheIndex &src, const Cache &dst, const std::vect
   if (rc.stride != lc->stride) return LLM_PARAM_INVALID;
 
   Plan plan;
-  plan.src_tensors.resize(span.count);
-  plan.dst_tensors.resize(span.count);
-  for (uint32_t i = 0; i < span.count; ++i) {
-    plan.src_tensors[i] = span.src_begin + i;
-    plan.dst_tensors[i] = span.dst_begin + i;
-  }
+  plan.PairTensors(span.src_begin, span.dst_begin, span.count);
   BuildBlockSegments(src_blocks, dst_blocks, lc->stride, &plan);
   std::shared_lock<std::shared_mutex> use(lc->use_mu);
   return ExecuteRemote(link, rc, *lc, plan, true, deadline);
@@ -276,12 +271,7 @@ Status Impl::PushBlocks(const Cache &src, const CacheIndex &dst, const std::vect
   if (rc.stride != lc->stride) return LLM_PARAM_INVALID;
 
   Plan plan;
-  plan.src_tensors.resize(span.count);
-  plan.dst_tensors.resize(span.count);
-  for (uint32_t i = 0; i < span.count; ++i) {
-    plan.src_tensors[i] = span.src_begin + i;
-    plan.dst_tensors[i] = span.dst_begin + i;
-  }
+  plan.PairTensors(span.src_begin, span.dst_begin, span.count);
   BuildBlockSegments(src_blocks, dst_blocks, lc->stride, &plan);
   std::shared_lock<std::shared_mutex> use(lc->use_mu);
   return ExecuteRemote(link, rc, *lc, plan, false, deadline);
@@ -321,10 +311,7 @@ Status Impl::PullCache(const CacheIndex &src, const Cache &dst, uint32_t batch_i
   if (len > rc.stride) return LLM_PARAM_INVALID;
 
   Plan plan;
-  for (uint32_t i = 0; i < span.count; ++i) {
-    plan.src_tensors.push_back(span.src_begin + i);
-    plan.dst_tensors.push_back(span.dst_begin + i);
-  }
+  plan.PairTensors(span.src_begin, span.dst_begin, span.count);
   plan.segs.push_back(Segment{src.batch_index * rc.stride, batch_index * lc->stride, len});
   plan.bytes_per_tensor = len;
   std::shared_lock<std::shared_mutex> use(lc->use_mu);
@@ -359,10 +346,7 @@ Status Impl::PushCache(const Cache &src, const CacheIndex &dst, uint32_t src_bat
   if (lc->stride > rc.stride) return LLM_PARAM_INVALID;
 
   Plan plan;
-  for (uint32_t i = 0; i < span.count; ++i) {
-    plan.src_tensors.push_back(span.src_begin + i);
-    plan.dst_tensors.push_back(span.dst_begin + i);
-  }
+  plan.PairTensors(span.src_begin, span.dst_begin, span.count);
   plan.segs.push_back(Segment{src_batch_index * lc->stride, dst.batch_index * rc.stride, lc->stride});
   plan.bytes_per_tensor = lc->stride;
   std::shared_lock<std::shared_mutex> use(lc->use_mu);
@@ -392,10 +376,7 @@ Status Impl::CopyBlocks(const Cache &src, const Cache &dst, const std::vector<ui
   if (d != s) ud = std::shared_lock<std::shared_mutex>(d->use_mu);
   for (const auto &l : dst_lists) {
     Plan plan;
-    for (uint32_t i = 0; i < s->num_tensors; ++i) {
-      plan.src_tensors.push_back(i);
-      plan.dst_tensors.push_back(i);
-    }
+    plan.PairTensors(0, 0, s->num_tensors);
     BuildBlockSegments(src_blocks, l, s->stride, &plan);
     CopyPlan(plan, reinterpret_cast<uint8_t *const *>(s->addrs.data()),
              reinterpret_cast<uint8_t *const *>(d->addrs.data()), 0);
@@ -422,10 +403,7 @@ Status Impl::CopyCache(const Cache &src, const Cache &dst, uint32_t src_batch, u
   std::shared_lock<std::shared_mutex> ud;
   if (d != s) ud = std::shared_lock<std::shared_mutex>(d->use_mu);
   Plan plan;
-  for (uint32_t i = 0; i < s->num_tensors; ++i) {
-    plan.src_tensors.push_back(i);
-    plan.dst_tensors.push_back(i);
-  }
+  plan.PairTensors(0, 0, s->num_tensors);
   plan.segs.push_back(Segment{src_batch * s->stride + offset, dst_batch * d->stride + offset, len});
   // memmove semantics are not needed: CANN forbids overlapping copies within one cache row.
   return CopyPlan(plan, reinterpret_cast<uint8_t *const *>(s->addrs.data()),
