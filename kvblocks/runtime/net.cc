@@ -230,7 +230,7 @@ int ListenTcp(const std::string &ip, uint32_t port, Status *st) {
 void BuildBlockSegments(const std::vector<uint64_t> &src, const std::vector<uint64_t> &dst, uint64_t block_bytes,
                         Plan *plan) {
   const size_t n = src.size();
-  plan->segs.reserve(plan->segs.size() + 8);
+  plan->segs.reserve(plan->segs.size() + n);  // upper bound; untouched pages cost nothing
   size_t i = 0;
   uint64_t total = 0;
   while (i < n) {
