@@ -14,6 +14,7 @@ cdef class LlmDataDist:
     cdef unique_ptr[CLlmDataDist] _impl
     cdef readonly uint64_t cluster_id
     cdef object _role
+    cdef dict _keepalive  # cache id -> the buffers of register_arrays, held while registered
     cdef CLlmDataDist* native(self) except NULL
 
 

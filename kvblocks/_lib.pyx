@@ -105,6 +105,7 @@ cdef class LlmDataDist:
     def __cinit__(self, uint64_t cluster_id, role):
         self.cluster_id = cluster_id
         self._role = role
+        self._keepalive = {}
         self._impl.reset(new CLlmDataDist(cluster_id, _role(role)))
 
     def __dealloc__(self):
@@ -141,6 +142,7 @@ cdef class LlmDataDist:
         """Tears down links, caches and threads; :meth:`initialize` may be called again."""
         with nogil:
             self._impl.get().Finalize()
+        self._keepalive.clear()
 
     def set_role(self, role, options=None):
         """Switches role; ``llm.ListenIpInfo`` in ``options`` starts (or moves) the listener.
@@ -266,6 +268,8 @@ cdef class LlmDataDist:
         with nogil:
             st = ImplAccess.AddCache(self._impl.get()[0], cd, a, <CCacheKind>kind, key, out)
         check_status(st, b"allocate_cache" if addrs is None else b"register_kv_cache")
+        if keepalive is not None:
+            self._keepalive[out.cache_id] = keepalive
         pin = _Pin()
         if addrs is None:
             pin.p = ImplAccess.PinCacheMemory(self._impl.get()[0], out.cache_id)
@@ -282,6 +286,7 @@ cdef class LlmDataDist:
         with nogil:
             st = self._impl.get().DeallocateCache(cid)
         check_status(st, b"deallocate_cache")
+        self._keepalive.pop(cid, None)
 
     def unregister_kv_cache(self, cache):
         """Unregisters a cache (a :class:`Cache` or its id). Unknown ids succeed.
@@ -296,6 +301,7 @@ cdef class LlmDataDist:
         with nogil:
             st = self._impl.get().UnregisterKvCache(cid)
         check_status(st, b"unregister_kv_cache")
+        self._keepalive.pop(cid, None)
 
     # ---------------------------------------------------------------- transfers
     def pull_kv_blocks(self, CacheIndex src_index not None, dst_cache, src_blocks, dst_blocks,

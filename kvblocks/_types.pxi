@@ -436,6 +436,8 @@ def _describe_arrays(arrays, placement):
             raise TypeError(f"arrays[{k}] has shape {shp} / type {dt}, expected {shape} / {dtype}")
         addrs.append(addr)
         keep.append(a)
+        if not mod.startswith("torch"):
+            keep.append(m)  # the export pins the buffer: a bytearray cannot be resized under us
     if len(shape) == 1:
         shape = (shape[0], 1) if False else shape
     desc = CacheDesc(len(arrays), DataType(dtype), list(shape),

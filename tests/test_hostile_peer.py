@@ -51,6 +51,8 @@ def _read_ok(data, peer, cache="reg"):
     ("alloc", [0], [(0, 2**62)], None, kb.Status.LLM_PARAM_INVALID),        # huge length
     ("alloc", [0], [(0, BB)], 12345, kb.Status.LLM_PARAM_INVALID),          # data length lies
     ("alloc", [0] * 1000, [(0, BB)] * 1000, 2**64 - 1, kb.Status.LLM_PARAM_INVALID),
+    ("alloc", [0, 1, 2, 3], [(0, 0)] * 50000, 0, kb.Status.LLM_PARAM_INVALID),  # empty segments
+    ("alloc", [0, 1, 2, 3] * 2, [(0, 1)] * 8, None, kb.Status.LLM_PARAM_INVALID),  # more tensors than exist
 ])
 def test_bad_reads_get_an_error_and_the_channel_stays_usable(victim, cache_id, tensors, segments, data_len, expect):
     peer, _, data, _ = victim
@@ -74,6 +76,28 @@ def test_bad_writes_are_refused_before_any_byte_lands(victim, inline):
         send_frame(data, WRITE_REQ, body)
         t, status, _ = recv_frame(data)
         assert (t, status) == (WRITE_READY, kb.Status.LLM_PARAM_INVALID)
+    _read_ok(data, peer)
+
+
+def test_a_request_without_a_deadline_is_refused(victim):
+    """Deadline 0 would mean 'serve forever' and pin the cache; the server refuses it."""
+    peer, _, data, _ = victim
+    send_frame(data, READ_REQ, request(peer.info["reg"], [0], [(0, BB)], deadline=0))
+    t, status, _ = recv_frame(data)
+    assert (t, status) == (READ_RESP, kb.Status.LLM_PARAM_INVALID)
+    _read_ok(data, peer)
+
+
+def test_millions_of_scatter_entries_are_served_in_bounded_memory(victim):
+    """4 tensors x ~4M one-byte segments (16M scatter entries, just under the frame limit) is a
+    valid request; the server streams it in batches instead of building 16M iovecs at once."""
+    peer, _, data, _ = victim
+    n = (64 << 20) // 16 - 4
+    head = struct.pack("<qqIIQ", peer.info["reg"], 2**62, 4, n, 4 * n) + struct.pack("<4I", 0, 1, 2, 3)
+    send_frame(data, READ_REQ, head + struct.pack("<QQ", 7, 1) * n)
+    t, status, payload = recv_frame(data)
+    assert (t, status, len(payload)) == (READ_RESP, 0, 4 * n)
+    assert payload[:n] == pattern(1, 0, BLOCKS, BB).reshape(-1)[7:8].tobytes() * n
     _read_ok(data, peer)
 
 

@@ -114,3 +114,38 @@ def test_array_without_a_plain_buffer_is_a_type_error():
             dd.register_arrays([np.zeros(4, dtype="datetime64[s]")])
     finally:
         dd.finalize()
+
+
+def test_arrays_stay_alive_while_registered_even_without_the_cache_object():
+    import numpy as np
+
+    class Tracked(np.ndarray):
+        pass
+
+    dd = kb.LlmDataDist(9, kb.LlmRole.MIX)
+    dd.initialize({kb.OPTION_DEVICE_ID: "0"})
+    try:
+        arr = np.zeros((4, 64), np.uint8).view(Tracked)
+        ref = weakref.ref(arr)
+        cache_id = dd.register_arrays([arr]).cache_id  # the Cache object is dropped at once
+        del arr
+        gc.collect()
+        assert ref() is not None, "registered memory must not be freed"
+        dd.unregister_kv_cache(cache_id)
+        gc.collect()
+        assert ref() is None, "unregistering releases the arrays"
+    finally:
+        dd.finalize()
+
+
+def test_registered_bytearray_cannot_be_resized():
+    buf = bytearray(256)
+    dd = kb.LlmDataDist(9, kb.LlmRole.MIX)
+    dd.initialize({kb.OPTION_DEVICE_ID: "0"})
+    try:
+        cache = dd.register_arrays([memoryview(buf)])
+        with pytest.raises(BufferError):
+            buf.extend(b"x" * 4096)  # would move the memory the runtime writes into
+        dd.unregister_kv_cache(cache)
+    finally:
+        dd.finalize()

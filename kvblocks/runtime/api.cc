@@ -6,6 +6,20 @@ namespace llm_datadist {
 
 using kvblocks::CacheKind;
 
+namespace {
+// No C++ exception crosses the CANN-style status API (callers include Cython nogil code).
+template <typename F>
+Status Guard(F &&f) noexcept {
+  try {
+    return f();
+  } catch (const std::bad_alloc &) {
+    return LLM_OUT_OF_MEMORY;
+  } catch (...) {
+    return LLM_FAILED;
+  }
+}
+}  // namespace
+
 class LlmDataDist::LlmDataDistImpl : public kvblocks::Impl {
  public:
   using kvblocks::Impl::Impl;
@@ -15,56 +29,56 @@ LlmDataDist::LlmDataDist(uint64_t cluster_id, LlmRole role) : impl_(new LlmDataD
 LlmDataDist::~LlmDataDist() = default;
 
 Status LlmDataDist::Initialize(const std::map<AscendString, AscendString> &options) {
-  return impl_->Initialize(options);
+  return Guard([&] { return impl_->Initialize(options); });
 }
 void LlmDataDist::Finalize() { impl_->Finalize(); }
 Status LlmDataDist::SetRole(LlmRole role, const std::map<AscendString, AscendString> &options) {
-  return impl_->SetRole(role, options);
+  return Guard([&] { return impl_->SetRole(role, options); });
 }
 Status LlmDataDist::LinkLlmClusters(const std::vector<ClusterInfo> &clusters, std::vector<Status> &rets,
                                     int32_t timeout_in_millis) {
-  return impl_->Link(clusters, rets, timeout_in_millis);
+  return Guard([&] { return impl_->Link(clusters, rets, timeout_in_millis); });
 }
 Status LlmDataDist::UnlinkLlmClusters(const std::vector<ClusterInfo> &clusters, std::vector<Status> &rets,
                                       int32_t timeout_in_millis, bool force_flag) {
-  return impl_->Unlink(clusters, rets, timeout_in_millis, force_flag);
+  return Guard([&] { return impl_->Unlink(clusters, rets, timeout_in_millis, force_flag); });
 }
 Status LlmDataDist::AllocateCache(const CacheDesc &cache_desc, Cache &cache) {
-  return impl_->AddCache(cache_desc, {}, CacheKind::kMix, -1, &cache, true);
+  return Guard([&] { return impl_->AddCache(cache_desc, {}, CacheKind::kMix, -1, &cache, true); });
 }
 Status LlmDataDist::DeallocateCache(int64_t cache_id) { return impl_->RemoveCache(cache_id); }
 Status LlmDataDist::PullKvCache(const CacheIndex &src_cache_index, const Cache &dst_cache, uint32_t batch_index,
                                 int64_t size, const KvCacheExtParam &ext_param) {
-  return impl_->PullCache(src_cache_index, dst_cache, batch_index, size, ext_param);
+  return Guard([&] { return impl_->PullCache(src_cache_index, dst_cache, batch_index, size, ext_param); });
 }
 Status LlmDataDist::PullKvBlocks(const CacheIndex &src_cache_index, const Cache &dst_cache,
                                  const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
                                  const KvCacheExtParam &ext_param) {
-  return impl_->PullBlocks(src_cache_index, dst_cache, src_blocks, dst_blocks, ext_param);
+  return Guard([&] { return impl_->PullBlocks(src_cache_index, dst_cache, src_blocks, dst_blocks, ext_param); });
 }
 Status LlmDataDist::CopyKvCache(const Cache &src_cache, const Cache &dst_cache, uint32_t src_batch_index,
                                 uint32_t dst_batch_index, uint64_t offset, int64_t size) {
-  return impl_->CopyCache(src_cache, dst_cache, src_batch_index, dst_batch_index, offset, size);
+  return Guard([&] { return impl_->CopyCache(src_cache, dst_cache, src_batch_index, dst_batch_index, offset, size); });
 }
 Status LlmDataDist::CopyKvBlocks(const Cache &src_cache, const Cache &dst_cache,
                                  const std::vector<uint64_t> &src_blocks,
                                  const std::vector<std::vector<uint64_t>> &dst_blocks_list) {
-  return impl_->CopyBlocks(src_cache, dst_cache, src_blocks, dst_blocks_list);
+  return Guard([&] { return impl_->CopyBlocks(src_cache, dst_cache, src_blocks, dst_blocks_list); });
 }
 Status LlmDataDist::PushKvCache(const Cache &src_cache, const CacheIndex &dst_cache_index, uint32_t src_batch_index,
                                 int64_t size, const KvCacheExtParam &ext_param) {
-  return impl_->PushCache(src_cache, dst_cache_index, src_batch_index, size, ext_param);
+  return Guard([&] { return impl_->PushCache(src_cache, dst_cache_index, src_batch_index, size, ext_param); });
 }
 Status LlmDataDist::PushKvBlocks(const Cache &src_cache, const CacheIndex &dst_cache_index,
                                  const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
                                  const KvCacheExtParam &ext_param) {
-  return impl_->PushBlocks(src_cache, dst_cache_index, src_blocks, dst_blocks, ext_param);
+  return Guard([&] { return impl_->PushBlocks(src_cache, dst_cache_index, src_blocks, dst_blocks, ext_param); });
 }
 Status LlmDataDist::RegisterKvCache(const CacheDesc &cache_desc, const std::vector<uint64_t> &addrs,
                                     const RegisterCfg &cfg, int64_t &cache_id) {
   (void)cfg;
   Cache out;
-  const Status st = impl_->AddCache(cache_desc, addrs, CacheKind::kMix, -1, &out, false);
+  const Status st = Guard([&] { return impl_->AddCache(cache_desc, addrs, CacheKind::kMix, -1, &out, false); });
   if (st == LLM_SUCCESS) cache_id = out.cache_id;
   return st;
 }
@@ -76,7 +90,7 @@ namespace kvblocks {
 
 Status ImplAccess::AddCache(llm_datadist::LlmDataDist &dd, const CacheDesc &desc, const std::vector<uint64_t> &addrs,
                             CacheKind kind, int64_t key, Cache &out) {
-  return dd.impl_->AddCache(desc, addrs, kind, key, &out, addrs.empty());
+  return llm_datadist::Guard([&] { return dd.impl_->AddCache(desc, addrs, kind, key, &out, addrs.empty()); });
 }
 Status ImplAccess::FindRemoteCache(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t key,
                                    int64_t &cache_id) {

@@ -47,6 +47,7 @@ Status Impl::AddCache(const CacheDesc &desc, const std::vector<uint64_t> &addrs,
       break;
   }
   e->stride = e->tensor_bytes / dim0;
+  if (e->stride == 0) return LLM_PARAM_INVALID;  // sub-byte types: a block must be at least one byte
   if (allocate) {
     // One memfd for all tensors, each page-aligned, so a same-host peer maps it with one mmap.
     constexpr uint64_t kPage = 4096;
@@ -88,6 +89,7 @@ Status Impl::RemoveCache(int64_t cache_id) {
   }
   // Wait for transfers and serving threads still using it; the memory goes with the last owner.
   std::unique_lock<std::shared_mutex> use(e->use_mu);
+  e->removed = true;
   return LLM_SUCCESS;
 }
 

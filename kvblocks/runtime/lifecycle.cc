@@ -14,6 +14,7 @@ namespace kvblocks {
 namespace {
 std::mutex g_instances_mu;
 std::set<uint64_t> g_instances;  // live Impl tokens of this process: detects same-process peers
+constexpr size_t kMaxHandshakes = 64;
 }  // namespace
 
 bool IsLocalInstance(uint64_t token) {
@@ -111,6 +112,7 @@ void Impl::Finalize() {
   }
   std::unique_lock<std::shared_mutex> lk(state_mu_);
   if (!initialized()) return;
+  StopListening();  // again: a SetRole that held the lock may have started a new listener
   initialized_.store(false, std::memory_order_release);
   ReapWorkers(true);
   std::map<uint64_t, std::shared_ptr<struct Link>> links;
@@ -124,7 +126,10 @@ void Impl::Finalize() {
     std::unique_lock<std::shared_mutex> g(caches_mu_);
     caches.swap(caches_);
   }
-  for (auto &kv : caches) std::unique_lock<std::shared_mutex> use(kv.second->use_mu);
+  for (auto &kv : caches) {
+    std::unique_lock<std::shared_mutex> use(kv.second->use_mu);
+    kv.second->removed = true;
+  }
 }
 
 Status Impl::SetRole(LlmRole role, const std::map<AscendString, AscendString> &options) {
@@ -164,13 +169,18 @@ Status Impl::CheckRole(bool pull) const {
 }
 
 Status Impl::StartListening(const std::string &ip, uint32_t port) {
+  if (stopping_.load()) return LLM_FAILED;
   Status st;
   const int fd = ListenTcp(ip, port, &st);
   if (fd < 0) return st;
   listen_fd_ = fd;
   listen_ip_ = ip;
   listen_port_ = port;
-  Spawn([this, fd] { ListenLoop(fd); });
+  if (!Spawn([this, fd] { ListenLoop(fd); })) {
+    close(fd);
+    listen_fd_ = -1;
+    return LLM_FAILED;
+  }
   return LLM_SUCCESS;
 }
 
@@ -194,27 +204,58 @@ void Impl::ListenLoop(int lfd) {
       if (listen_fd_ != lfd) break;
     }
     const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) usleep(10000);
+      continue;
+    }
     TuneSocket(fd);
     {
       std::lock_guard<std::mutex> g(workers_mu_);
+      // Unauthenticated handshakes each hold a thread for up to 10 s: bound how many run at once.
+      if (loose_fds_.size() >= kMaxHandshakes) {
+        LogWarn("refusing a connection: %zu handshakes already in progress", loose_fds_.size());
+        close(fd);
+        continue;
+      }
       loose_fds_.insert(fd);
       if (stopping_.load()) shutdown(fd, SHUT_RDWR);
     }
-    Spawn([this, fd] { HandleAccepted(fd); });
+    if (!Spawn([this, fd] { HandleAccepted(fd); })) {
+      std::lock_guard<std::mutex> g(workers_mu_);
+      loose_fds_.erase(fd);
+      close(fd);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> g(workers_mu_);
+    if (listen_fd_ == lfd) listen_fd_ = -1;
   }
   close(lfd);
 }
 
-void Impl::Spawn(std::function<void()> fn) {
+bool Impl::Spawn(std::function<void()> fn) {
   ReapWorkers(false);
   std::lock_guard<std::mutex> g(workers_mu_);
   workers_.emplace_back();
   Worker *w = &workers_.back();
-  w->thread = std::thread([w, fn = std::move(fn)] {
-    fn();
-    w->done.store(true, std::memory_order_release);
-  });
+  try {
+    w->thread = std::thread([w, fn = std::move(fn)] {
+      // A runtime thread must never take the process down (e.g. bad_alloc on a peer's request).
+      try {
+        fn();
+      } catch (const std::exception &e) {
+        LogWarn("runtime thread stopped: %s", e.what());
+      } catch (...) {
+        LogWarn("runtime thread stopped by an unknown exception");
+      }
+      w->done.store(true, std::memory_order_release);
+    });
+  } catch (const std::system_error &e) {
+    LogWarn("cannot start a runtime thread: %s", e.what());
+    workers_.pop_back();
+    return false;
+  }
+  return true;
 }
 
 void Impl::ReapWorkers(bool all) {

@@ -18,6 +18,7 @@ bool IsLocalInstance(uint64_t token);
 namespace {
 constexpr int64_t kHandshakeNs = 10LL * 1000000000LL;  // bound on a peer that stalls mid-handshake
 constexpr int kMaxRequesterChannels = 8;
+constexpr uint64_t kMaxHelloBytes = 16ULL << 20;  // read before authentication: keep it bounded
 constexpr size_t kIdentityBytes = 16 + 8 + 4 + 8 + 8 + 8;
 
 void PutIdentity(Writer *w, const PeerIdentity &id) {
@@ -67,6 +68,25 @@ void Link::AddFd(int fd) {
 void Link::ForgetFd(int fd) {
   std::lock_guard<std::mutex> g(mu);
   if (fds.erase(fd) != 0) close(fd);
+}
+
+bool Link::SendCtrl(uint16_t type, int64_t deadline) {
+  std::lock_guard<std::mutex> g(ctrl_write_mu);
+  return ctrl_fd >= 0 && SendFrame(ctrl_fd, type, 0, nullptr, 0, deadline) == IoResult::kOk;
+}
+
+void Link::CloseCtrl() {
+  int fd;
+  {
+    std::lock_guard<std::mutex> g(ctrl_write_mu);
+    fd = ctrl_fd;
+    ctrl_fd = -1;
+  }
+  if (fd >= 0) ForgetFd(fd);
+}
+
+Link::~Link() {
+  for (int fd : fds) close(fd);  // channels left behind by a failed link or a late reverse channel
 }
 
 void Link::Shutdown() {
@@ -155,8 +175,7 @@ void Impl::ResolvePaths(struct Link *link) {
   }
   for (auto &kv : link->caches) {
     RemoteCache &rc = kv.second;
-    if (rc.peer_fd >= 0 && rc.num_tensors > 0 &&
-        rc.pitch * (rc.num_tensors - 1) + rc.tensor_bytes <= rc.region_size) {
+    if (rc.peer_fd >= 0) {  // bounds were checked when the table was parsed
       rc.mapped = SharedRegion::MapPeer(static_cast<int>(link->peer.pid), rc.peer_fd, rc.ino, rc.dev, rc.region_size);
       if (rc.mapped) {
         for (uint32_t i = 0; i < rc.num_tensors; ++i) rc.view.push_back(rc.mapped->base + i * rc.pitch);
@@ -318,11 +337,15 @@ Status Impl::LinkOne(const ClusterInfo &ci, int32_t timeout_ms) {
     if (it != links_.end()) FailLink(it->second);  // a dead link to a restarted peer is replaced
     links_[link->remote_cluster_id] = link;
   }
-  Spawn([this, link] { CtrlLoop(link); });
+  if (!Spawn([this, link] { CtrlLoop(link); })) {
+    DropLink(link, true);
+    return LLM_LINK_FAILED;
+  }
   // One channel each way up front: ours for requests, and one the peer uses to push to us.
   const int fwd = OpenChannel(link, ConnKind::kDataFwd, deadline, &st);
   const int rev = fwd >= 0 ? OpenChannel(link, ConnKind::kDataRev, deadline, &st) : -1;
   if (fwd < 0 || rev < 0) {
+    if (fwd >= 0) link->ForgetFd(fwd);
     DropLink(link, true);
     return st == LLM_TIMEOUT ? LLM_TIMEOUT : LLM_LINK_FAILED;
   }
@@ -330,6 +353,10 @@ Status Impl::LinkOne(const ClusterInfo &ci, int32_t timeout_ms) {
     std::lock_guard<std::mutex> g(link->mu);
     link->idle.push_back(fwd);
     link->requester_channels = 1;
+  }
+  {
+    std::lock_guard<std::mutex> g(link->mu);
+    link->reverse_channels = 1;
   }
   Spawn([this, link, rev] { ServeConnection(rev, link); });
   LogInfo("linked to cluster %llu (%s)", static_cast<unsigned long long>(link->remote_cluster_id),
@@ -366,11 +393,7 @@ Status Impl::UnlinkOne(const ClusterInfo &ci, int32_t timeout_ms, bool force) {
     return LLM_SUCCESS;
   }
   const int64_t deadline = NowNs() + static_cast<int64_t>(timeout_ms) * 1000000LL;
-  bool sent;
-  {
-    std::lock_guard<std::mutex> g(link->ctrl_write_mu);
-    sent = SendFrame(link->ctrl_fd, kUnlink, 0, nullptr, 0, deadline) == IoResult::kOk;
-  }
+  const bool sent = link->SendCtrl(kUnlink, deadline);
   bool acked = false;
   if (sent) {
     std::unique_lock<std::mutex> g(link->mu);
@@ -433,10 +456,7 @@ int Impl::AcquireChannel(const std::shared_ptr<struct Link> &link, int64_t deadl
       // Only the opener can connect; ask it for another reverse channel over the control link.
       ++link->pending_reverse;
       g.unlock();
-      {
-        std::lock_guard<std::mutex> w(link->ctrl_write_mu);
-        SendFrame(link->ctrl_fd, kOpenReverse, 0, nullptr, 0, deadline);
-      }
+      link->SendCtrl(kOpenReverse, deadline);
       g.lock();
     }
     const int64_t left = deadline - NowNs();
@@ -473,7 +493,8 @@ void Impl::HandleAccepted(int fd) {
   };
   FrameHeader h;
   std::string hello;
-  if (RecvHeader(fd, &h, deadline) != IoResult::kOk || h.type != kHello || !ReadPayload(fd, h, &hello, deadline)) {
+  if (RecvHeader(fd, &h, deadline) != IoResult::kOk || h.type != kHello || h.length > kMaxHelloBytes ||
+      !ReadPayload(fd, h, &hello, deadline)) {
     SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + 100000000);
     return drop();
   }
@@ -586,7 +607,13 @@ void Impl::HandleAccepted(int fd) {
     }
   }
   if (SendFrame(fd, kConfirmAck, st, nullptr, 0, deadline) != IoResult::kOk || st != LLM_SUCCESS) {
-    if (st == LLM_SUCCESS) DropLink(link, true);
+    if (st == LLM_SUCCESS) {
+      {
+        std::lock_guard<std::mutex> g(link->ctrl_write_mu);
+        link->ctrl_fd = -1;  // the fd is closed by drop() below; no writer may use it after
+      }
+      DropLink(link, true);
+    }
     return drop();
   }
   {
@@ -604,10 +631,7 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
     std::string payload;
     if (RecvHeader(fd, &h, 0) != IoResult::kOk || !ReadPayload(fd, h, &payload, NowNs() + kHandshakeNs)) break;
     if (h.type == kUnlink) {
-      {
-        std::lock_guard<std::mutex> g(link->ctrl_write_mu);
-        SendFrame(fd, kUnlinkAck, 0, nullptr, 0, NowNs() + 1000000000LL);
-      }
+      link->SendCtrl(kUnlinkAck, NowNs() + 1000000000LL);
       DropLink(link, true);
       break;
     }
@@ -616,17 +640,25 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
       link->unlink_acked = true;
       link->cv.notify_all();
     } else if (h.type == kOpenReverse && link->opener) {
+      {
+        // A peer may not make us open (and serve) more channels than it could use.
+        std::lock_guard<std::mutex> g(link->mu);
+        if (link->reverse_channels >= kMaxRequesterChannels) continue;
+        ++link->reverse_channels;
+      }
       Spawn([this, link] {
         Status st;
         const int rev = OpenChannel(link, ConnKind::kDataRev, NowNs() + kHandshakeNs, &st);
         if (rev >= 0) ServeConnection(rev, link);
+        std::lock_guard<std::mutex> g(link->mu);
+        --link->reverse_channels;
       });
     }
   }
   // The peer closed the control connection (exit, crash, unlink or finalize): the link is gone.
   if (link->alive.load()) LogInfo("link to cluster %llu lost", static_cast<unsigned long long>(link->remote_cluster_id));
   FailLink(link);
-  link->ForgetFd(fd);
+  link->CloseCtrl();
 }
 
 }  // namespace kvblocks

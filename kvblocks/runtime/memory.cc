@@ -115,7 +115,18 @@ bool ParseCacheTable(const uint8_t *p, size_t n, std::map<int64_t, RemoteCache> 
     c.dev = r.Get<uint64_t>();
     c.region_size = r.Get<uint64_t>();
     c.pitch = r.Get<uint64_t>();
-    if (!r.ok || kind > 2 || c.num_tensors > (1U << 20)) return false;
+    if (!r.ok || kind > 2 || c.num_tensors == 0 || c.num_tensors > (1U << 20)) return false;
+    // The table drives one-sided copies into mapped memory: it must be self-consistent.
+    uint64_t span;
+    if (c.tensor_bytes == 0 || c.stride == 0 || __builtin_mul_overflow(c.num_blocks, c.stride, &span) ||
+        span > c.tensor_bytes || __builtin_mul_overflow(c.batch_size, c.stride, &span) || span > c.tensor_bytes)
+      return false;
+    if (c.peer_fd >= 0) {
+      uint64_t last, end;
+      if (c.pitch < c.tensor_bytes || __builtin_mul_overflow(c.pitch, uint64_t{c.num_tensors - 1}, &last) ||
+          __builtin_add_overflow(last, c.tensor_bytes, &end) || end > c.region_size)
+        return false;
+    }
     c.addrs.resize(c.num_tensors);
     for (auto &a : c.addrs) a = r.Get<uint64_t>();
     if (!r.ok) return false;

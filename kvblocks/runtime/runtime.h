@@ -70,6 +70,15 @@ struct CacheEntry {
   std::shared_ptr<SharedRegion> region;  // set for AllocateCache
   uint64_t pitch = 0;                    // distance between tensors inside region
   mutable std::shared_mutex use_mu;      // transfers hold it shared; unregister exclusive
+  bool removed = false;                  // set under exclusive use_mu when unregistered
+};
+
+// Holds a cache for the duration of a transfer; `ok` is false once it has been unregistered, so a
+// transfer that looked the cache up just before RemoveCache never touches freed memory.
+struct CacheUse {
+  std::shared_lock<std::shared_mutex> lock;
+  bool ok;
+  explicit CacheUse(const CacheEntry &e) : lock(e.use_mu), ok(!e.removed) {}
 };
 
 // The peer's cache as seen through a link (snapshot taken at link time).
@@ -241,6 +250,7 @@ struct Link {
   std::vector<int> idle;  // our requester channels not in use
   std::set<int> fds;      // every socket of this link, for shutdown
   int requester_channels = 0;
+  int reverse_channels = 0;  // opener: channels it serves for the acceptor
   int pending_reverse = 0;
   bool unlink_acked = false;
   std::mutex ctrl_write_mu;
@@ -248,6 +258,10 @@ struct Link {
   void AddFd(int fd);
   void ForgetFd(int fd);  // closes it
   void Shutdown();        // wakes every blocked I/O on the link
+  // Sends a control frame unless the control connection is already closed (ctrl_fd = -1).
+  bool SendCtrl(uint16_t type, int64_t deadline);
+  void CloseCtrl();       // closes ctrl_fd under ctrl_write_mu, so no writer can hit a reused fd
+  ~Link();
 };
 
 struct Worker {
@@ -297,7 +311,7 @@ class Impl {
   Status StartListening(const std::string &ip, uint32_t port);
   void StopListening();
   void ListenLoop(int lfd);
-  void Spawn(std::function<void()> fn);
+  bool Spawn(std::function<void()> fn);  // false when no thread could be started
   void ReapWorkers(bool all);
   void CtrlLoop(std::shared_ptr<struct Link> link);
   Status LinkOne(const ClusterInfo &ci, int32_t timeout_ms);

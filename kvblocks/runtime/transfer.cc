@@ -234,7 +234,8 @@ Status Impl::PullBlocks(const CacheIndex &src, const Cache &dst, const std::vect
   Plan plan;
   plan.PairTensors(span.src_begin, span.dst_begin, span.count);
   BuildBlockSegments(src_blocks, dst_blocks, lc->stride, &plan);
-  std::shared_lock<std::shared_mutex> use(lc->use_mu);
+  CacheUse use(*lc);
+  if (!use.ok) return LLM_KV_CACHE_NOT_EXIST;
   return ExecuteRemote(link, rc, *lc, plan, true, deadline);
 }
 
@@ -273,7 +274,8 @@ Status Impl::PushBlocks(const Cache &src, const CacheIndex &dst, const std::vect
   Plan plan;
   plan.PairTensors(span.src_begin, span.dst_begin, span.count);
   BuildBlockSegments(src_blocks, dst_blocks, lc->stride, &plan);
-  std::shared_lock<std::shared_mutex> use(lc->use_mu);
+  CacheUse use(*lc);
+  if (!use.ok) return LLM_KV_CACHE_NOT_EXIST;
   return ExecuteRemote(link, rc, *lc, plan, false, deadline);
 }
 
@@ -314,7 +316,8 @@ Status Impl::PullCache(const CacheIndex &src, const Cache &dst, uint32_t batch_i
   plan.PairTensors(span.src_begin, span.dst_begin, span.count);
   plan.segs.push_back(Segment{src.batch_index * rc.stride, batch_index * lc->stride, len});
   plan.bytes_per_tensor = len;
-  std::shared_lock<std::shared_mutex> use(lc->use_mu);
+  CacheUse use(*lc);
+  if (!use.ok) return LLM_KV_CACHE_NOT_EXIST;
   return ExecuteRemote(link, rc, *lc, plan, true, deadline);
 }
 
@@ -349,7 +352,8 @@ Status Impl::PushCache(const Cache &src, const CacheIndex &dst, uint32_t src_bat
   plan.PairTensors(span.src_begin, span.dst_begin, span.count);
   plan.segs.push_back(Segment{src_batch_index * lc->stride, dst.batch_index * rc.stride, lc->stride});
   plan.bytes_per_tensor = lc->stride;
-  std::shared_lock<std::shared_mutex> use(lc->use_mu);
+  CacheUse use(*lc);
+  if (!use.ok) return LLM_KV_CACHE_NOT_EXIST;
   return ExecuteRemote(link, rc, *lc, plan, false, deadline);
 }
 
@@ -371,9 +375,9 @@ Status Impl::CopyBlocks(const Cache &src, const Cache &dst, const std::vector<ui
   for (const auto &l : dst_lists)
     if (l.size() != src_blocks.size() || FirstOutOfRange(l.data(), l.size(), d->num_blocks) != l.size())
       return LLM_PARAM_INVALID;
-  std::shared_lock<std::shared_mutex> us(s->use_mu);
-  std::shared_lock<std::shared_mutex> ud;
-  if (d != s) ud = std::shared_lock<std::shared_mutex>(d->use_mu);
+  CacheUse us(*s);
+  std::unique_ptr<CacheUse> ud(d != s ? new CacheUse(*d) : nullptr);
+  if (!us.ok || (ud && !ud->ok)) return LLM_KV_CACHE_NOT_EXIST;
   for (const auto &l : dst_lists) {
     Plan plan;
     plan.PairTensors(0, 0, s->num_tensors);
@@ -399,9 +403,9 @@ Status Impl::CopyCache(const Cache &src, const Cache &dst, uint32_t src_batch, u
   if (offset >= stride) return LLM_PARAM_INVALID;
   const uint64_t len = size == -1 ? stride - offset : static_cast<uint64_t>(size);
   if (len > stride - offset) return LLM_PARAM_INVALID;
-  std::shared_lock<std::shared_mutex> us(s->use_mu);
-  std::shared_lock<std::shared_mutex> ud;
-  if (d != s) ud = std::shared_lock<std::shared_mutex>(d->use_mu);
+  CacheUse us(*s);
+  std::unique_ptr<CacheUse> ud(d != s ? new CacheUse(*d) : nullptr);
+  if (!us.ok || (ud && !ud->ok)) return LLM_KV_CACHE_NOT_EXIST;
   Plan plan;
   plan.PairTensors(0, 0, s->num_tensors);
   plan.segs.push_back(Segment{src_batch * s->stride + offset, dst_batch * d->stride + offset, len});
