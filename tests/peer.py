@@ -84,6 +84,9 @@ def main() -> int:
                 else:
                     dd.push_kv_blocks(local, idx, cmd["src"], cmd["dst"])
                 reply({"ok": True})
+            elif op == "unregister":
+                dd.unregister_kv_cache(caches.pop(cmd["cache"]))
+                reply({"ok": True})
             elif op == "read":
                 reply({"hex": bytes(caches[cmd["cache"]].tensor(cmd["tensor"])).hex()})
             else:

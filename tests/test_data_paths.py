@@ -81,3 +81,18 @@ def test_listener_side_pushes_and_pulls_over_the_same_link(linked, remote):
     r = peer.call(op="pull", cluster=2, remote_cache=caches[remote].cache_id, local="reg", src=[3], dst=[0])
     assert r == {"ok": True}
     assert np.array_equal(peer.read("reg", 2).reshape(BLOCKS, BB)[0], pattern(2, 2, BLOCKS, BB)[3])
+
+
+@pytest.mark.parametrize("remote", ["alloc", "reg"])
+def test_a_cache_the_peer_unregistered_is_gone_on_every_path(linked, remote):
+    """Unregistering tells same-host peers to stop using the memory before it can be freed; the
+    next transfer reports LLM_KV_CACHE_NOT_EXIST instead of touching it."""
+    _, peer, me, caches = linked
+    idx = kb.CacheIndex(1, peer.info[remote])
+    me.pull_kv_blocks(idx, caches["alloc"], [1], [0])
+    assert peer.call(op="unregister", cache=remote) == {"ok": True}
+    for call in (lambda: me.pull_kv_blocks(idx, caches["alloc"], [1], [0]),
+                 lambda: me.push_kv_blocks(caches["alloc"], idx, [1], [0])):
+        with pytest.raises(kb.CacheNotExistError):
+            call()
+    assert me.link_path(1) != ""  # the link itself stays up

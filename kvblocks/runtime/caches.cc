@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Cache registration and allocation. Ids start at 1 and are never reused.
+#include <algorithm>
+
 #include "runtime.h"
 
 namespace kvblocks {
@@ -88,9 +90,44 @@ Status Impl::RemoveCache(int64_t cache_id) {
     caches_.erase(it);
   }
   // Wait for transfers and serving threads still using it; the memory goes with the last owner.
-  std::unique_lock<std::shared_mutex> use(e->use_mu);
-  e->removed = true;
+  {
+    std::unique_lock<std::shared_mutex> use(e->use_mu);
+    e->removed = true;
+  }
+  NotifyCacheGone(cache_id);
   return LLM_SUCCESS;
+}
+
+// Same-host peers may read and write this cache's memory directly (mapped memfd, CMA). Before the
+// caller may free it, each must confirm it stopped: CACHE_GONE waits for their in-flight copies.
+// Bounded by llm.SyncKvCacheWaitTime per call; a peer that does not answer in time is unlinked.
+void Impl::NotifyCacheGone(int64_t cache_id) {
+  std::vector<std::shared_ptr<struct Link>> peers;
+  {
+    std::lock_guard<std::mutex> g(links_mu_);
+    for (auto &kv : links_)
+      if (kv.second->alive.load() && kv.second->same_host) peers.push_back(kv.second);
+  }
+  if (peers.empty()) return;
+  const int64_t deadline = NowNs() + std::max<int64_t>(wait_time_ms_, 1) * 1000000LL;
+  std::vector<std::shared_ptr<struct Link>> sent;
+  for (auto &l : peers)
+    if (l->SendCtrl(kCacheGone, deadline, &cache_id, sizeof(cache_id))) sent.push_back(l);
+  for (auto &l : sent) {
+    std::unique_lock<std::mutex> g(l->mu);
+    while (l->alive.load() && l->gone_acked.count(cache_id) == 0) {
+      const int64_t left = deadline - NowNs();
+      if (left <= 0) break;
+      l->cv.wait_for(g, std::chrono::nanoseconds(left));
+    }
+    const bool acked = l->gone_acked.erase(cache_id) != 0;
+    g.unlock();
+    if (!acked && l->alive.load()) {
+      LogWarn("cluster %llu did not confirm it stopped using cache %lld; unlinking it",
+              static_cast<unsigned long long>(l->remote_cluster_id), static_cast<long long>(cache_id));
+      DropLink(l, true);
+    }
+  }
 }
 
 }  // namespace kvblocks

@@ -70,9 +70,9 @@ void Link::ForgetFd(int fd) {
   if (fds.erase(fd) != 0) close(fd);
 }
 
-bool Link::SendCtrl(uint16_t type, int64_t deadline) {
+bool Link::SendCtrl(uint16_t type, int64_t deadline, const void *payload, size_t n) {
   std::lock_guard<std::mutex> g(ctrl_write_mu);
-  return ctrl_fd >= 0 && SendFrame(ctrl_fd, type, 0, nullptr, 0, deadline) == IoResult::kOk;
+  return ctrl_fd >= 0 && SendFrame(ctrl_fd, type, 0, payload, n, deadline) == IoResult::kOk;
 }
 
 void Link::CloseCtrl() {
@@ -638,6 +638,21 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
     if (h.type == kUnlinkAck) {
       std::lock_guard<std::mutex> g(link->mu);
       link->unlink_acked = true;
+      link->cv.notify_all();
+    } else if (h.type == kCacheGone && payload.size() == 8) {
+      int64_t id;
+      memcpy(&id, payload.data(), 8);
+      auto it = link->caches.find(id);
+      if (it != link->caches.end()) {
+        std::unique_lock<std::shared_mutex> g(it->second.live->mu);  // waits for transfers using it
+        it->second.live->gone = true;
+      }
+      link->SendCtrl(kCacheGoneAck, NowNs() + kHandshakeNs, &id, sizeof(id));
+    } else if (h.type == kCacheGoneAck && payload.size() == 8) {
+      int64_t id;
+      memcpy(&id, payload.data(), 8);
+      std::lock_guard<std::mutex> g(link->mu);
+      link->gone_acked.insert(id);
       link->cv.notify_all();
     } else if (h.type == kOpenReverse && link->opener) {
       {

@@ -94,6 +94,20 @@ struct RemoteCache {
   std::shared_ptr<SharedRegion> mapped;  // our mapping of the peer's region (same host)
   std::vector<uint8_t *> view;           // tensor bases readable/writable here, when one-sided
   bool cma = false;                      // one-sided through process_vm_readv/writev
+  // Shared by copies of this entry. Transfers hold `mu` shared; the peer's CACHE_GONE takes it
+  // exclusively and sets `gone` before it is acknowledged, so no one-sided copy touches memory
+  // the peer frees after unregistering.
+  struct Liveness {
+    std::shared_mutex mu;
+    bool gone = false;
+  };
+  std::shared_ptr<Liveness> live = std::make_shared<Liveness>();
+};
+
+struct RemoteUse {
+  std::shared_lock<std::shared_mutex> lock;
+  bool ok;
+  explicit RemoteUse(const RemoteCache &rc) : lock(rc.live->mu), ok(!rc.live->gone) {}
 };
 
 void SerializeCacheTable(const std::vector<std::shared_ptr<CacheEntry>> &caches, std::string *out);
@@ -110,6 +124,8 @@ enum FrameType : uint16_t {
   kUnlink = 10,
   kUnlinkAck = 11,
   kOpenReverse = 12,
+  kCacheGone = 13,     // i64 cache id: unregistered, stop using it one-sided
+  kCacheGoneAck = 14,  // i64 cache id
   kReadReq = 20,
   kReadResp = 21,
   kWriteReq = 22,
@@ -253,13 +269,14 @@ struct Link {
   int reverse_channels = 0;  // opener: channels it serves for the acceptor
   int pending_reverse = 0;
   bool unlink_acked = false;
+  std::set<int64_t> gone_acked;  // our cache ids the peer confirmed it stopped using
   std::mutex ctrl_write_mu;
 
   void AddFd(int fd);
   void ForgetFd(int fd);  // closes it
   void Shutdown();        // wakes every blocked I/O on the link
   // Sends a control frame unless the control connection is already closed (ctrl_fd = -1).
-  bool SendCtrl(uint16_t type, int64_t deadline);
+  bool SendCtrl(uint16_t type, int64_t deadline, const void *payload = nullptr, size_t n = 0);
   void CloseCtrl();       // closes ctrl_fd under ctrl_write_mu, so no writer can hit a reused fd
   ~Link();
 };
@@ -335,6 +352,7 @@ class Impl {
   Status ServeWrite(int fd, Reader &r, const struct Link *link, uint64_t *drain);
   Status CheckRole(bool pull) const;
   void FailLink(const std::shared_ptr<struct Link> &link);
+  void NotifyCacheGone(int64_t cache_id);
 
  public:
   const uint64_t cluster_id_;

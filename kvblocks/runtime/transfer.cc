@@ -224,6 +224,8 @@ Status Impl::PullBlocks(const CacheIndex &src, const Cache &dst, const std::vect
   auto it = link->caches.find(src.cache_id);
   if (src.cache_id <= 0 || it == link->caches.end()) return LLM_KV_CACHE_NOT_EXIST;
   const RemoteCache &rc = it->second;
+  RemoteUse remote_use(rc);
+  if (!remote_use.ok) return LLM_KV_CACHE_NOT_EXIST;  // the peer unregistered it
   if (rc.kind == CacheKind::kCache) return LLM_PARAM_INVALID;
   if (explicit_range ? span.src_begin + span.count > rc.num_tensors : rc.num_tensors != lc->num_tensors)
     return LLM_PARAM_INVALID;
@@ -259,6 +261,8 @@ Status Impl::PushBlocks(const Cache &src, const CacheIndex &dst, const std::vect
   auto it = link->caches.find(dst.cache_id);
   if (dst.cache_id <= 0 || it == link->caches.end()) return LLM_KV_CACHE_NOT_EXIST;
   const RemoteCache &rc = it->second;
+  RemoteUse remote_use(rc);
+  if (!remote_use.ok) return LLM_KV_CACHE_NOT_EXIST;  // the peer unregistered it
   if (rc.kind == CacheKind::kCache) return LLM_PARAM_INVALID;
   TensorSpan span;
   if (PushTensorSpan(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
@@ -306,6 +310,8 @@ Status Impl::PullCache(const CacheIndex &src, const Cache &dst, uint32_t batch_i
   auto it = link->caches.find(src.cache_id);
   if (src.cache_id <= 0 || it == link->caches.end()) return LLM_KV_CACHE_NOT_EXIST;
   const RemoteCache &rc = it->second;
+  RemoteUse remote_use(rc);
+  if (!remote_use.ok) return LLM_KV_CACHE_NOT_EXIST;  // the peer unregistered it
   if (explicit_range ? span.src_begin + span.count > rc.num_tensors : rc.num_tensors != lc->num_tensors)
     return LLM_PARAM_INVALID;
   if (src.batch_index >= rc.batch_size) return LLM_KV_CACHE_NOT_EXIST;
@@ -340,6 +346,8 @@ Status Impl::PushCache(const Cache &src, const CacheIndex &dst, uint32_t src_bat
   auto it = link->caches.find(dst.cache_id);
   if (dst.cache_id <= 0 || it == link->caches.end()) return LLM_KV_CACHE_NOT_EXIST;
   const RemoteCache &rc = it->second;
+  RemoteUse remote_use(rc);
+  if (!remote_use.ok) return LLM_KV_CACHE_NOT_EXIST;  // the peer unregistered it
   if (dst.batch_index >= rc.batch_size) return LLM_PARAM_INVALID;
   TensorSpan span;
   if (PushTensorSpan(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
