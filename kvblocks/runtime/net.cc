@@ -10,15 +10,36 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdlib>
 
 #include "runtime.h"
 
 namespace kvblocks {
 namespace {
 
+int64_t SpinNs() {
+  static const int64_t ns = [] {
+    const char *v = getenv("KVBLOCKS_SPIN_US");
+    return (v != nullptr ? atoll(v) : 50) * 1000LL;
+  }();
+  return ns;
+}
+
 // Waits for `events`; returns false on timeout. Deadline 0 waits forever (only serving threads,
 // which are woken by shutdown()).
 IoResult WaitFd(int fd, short events, int64_t deadline) {
+  // Poll without sleeping for a short while first. A thread that sleeps must be woken by another
+  // CPU, and on virtual machines that wake-up (an inter-processor interrupt through the
+  // hypervisor) costs tens of microseconds: more than a small transfer. KVBLOCKS_SPIN_US sets it.
+  // Only reads spin: a writer waiting for buffer space would steal the CPU its reader needs.
+  const int64_t spin = events == POLLIN ? SpinNs() : 0;
+  if (spin > 0) {
+    const int64_t until = deadline != 0 ? std::min<int64_t>(NowNs() + spin, deadline) : NowNs() + spin;
+    do {
+      pollfd p{fd, events, 0};
+      if (poll(&p, 1, 0) > 0) return (p.revents & POLLNVAL) ? IoResult::kError : IoResult::kOk;
+    } while (NowNs() < until);
+  }
   for (;;) {
     int timeout_ms = -1;
     if (deadline != 0) {
