@@ -35,6 +35,7 @@ import platform
 import socket
 import statistics
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -790,8 +791,9 @@ def _import_case(module, baseline=None):
         return e
 
     def run_once():
+        # Run outside any source checkout, so the kvblocks measured is the one this process imported.
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(),
-                             check=True).stdout.split()
+                             check=True, cwd=tempfile.gettempdir()).stdout.split()
         return float(out[0]), out[1] == "True"
 
     def make(h):
