@@ -54,9 +54,9 @@ def open_link(port, cluster_id=77):
     return ctrl, token
 
 
-def request(cache_id, tensors, segments, data_len=None, deadline=2**62):
+def request(cache_id, tensors, segments, data_len=None, deadline=2**62, budget=10**10):
     total = sum(l for _, l in segments) * len(tensors) if data_len is None else data_len
-    body = struct.pack("<qqIIQ", cache_id, deadline, len(tensors), len(segments), total)
+    body = struct.pack("<qqqIIQ", cache_id, deadline, budget, len(tensors), len(segments), total)
     body += b"".join(struct.pack("<I", t) for t in tensors)
     body += b"".join(struct.pack("<QQ", o, l) for o, l in segments)
     return body

@@ -82,9 +82,10 @@ def test_bad_writes_are_refused_before_any_byte_lands(victim, inline):
 def test_a_request_without_a_deadline_is_refused(victim):
     """Deadline 0 would mean 'serve forever' and pin the cache; the server refuses it."""
     peer, _, data, _ = victim
-    send_frame(data, READ_REQ, request(peer.info["reg"], [0], [(0, BB)], deadline=0))
-    t, status, _ = recv_frame(data)
-    assert (t, status) == (READ_RESP, kb.Status.LLM_PARAM_INVALID)
+    for kw in ({"deadline": 0}, {"budget": 0}, {"budget": -5}):
+        send_frame(data, READ_REQ, request(peer.info["reg"], [0], [(0, BB)], **kw))
+        t, status, _ = recv_frame(data)
+        assert (t, status) == (READ_RESP, kb.Status.LLM_PARAM_INVALID)
     _read_ok(data, peer)
 
 
@@ -93,7 +94,7 @@ def test_millions_of_scatter_entries_are_served_in_bounded_memory(victim):
     valid request; the server streams it in batches instead of building 16M iovecs at once."""
     peer, _, data, _ = victim
     n = (64 << 20) // 16 - 4
-    head = struct.pack("<qqIIQ", peer.info["reg"], 2**62, 4, n, 4 * n) + struct.pack("<4I", 0, 1, 2, 3)
+    head = struct.pack("<qqqIIQ", peer.info["reg"], 2**62, 10**10, 4, n, 4 * n) + struct.pack("<4I", 0, 1, 2, 3)
     send_frame(data, READ_REQ, head + struct.pack("<QQ", 7, 1) * n)
     t, status, payload = recv_frame(data)
     assert (t, status, len(payload)) == (READ_RESP, 0, 4 * n)

@@ -24,19 +24,24 @@ struct Request {
   uint64_t declared = 0;
 };
 
-// Parses READ/WRITE requests: i64 cache_id, i64 deadline (our clock), u32 tensors, u32 segments,
+// Parses READ/WRITE requests: i64 cache_id, i64 deadline (our clock), i64 budget, u32 tensors, u32 segments,
 // u64 data length, u32 tensor[...], {u64 offset, u64 length}[...], and checks every range against
 // our own table before anything is touched.
 Status ParseRequest(Reader &r, Request *req, const std::function<std::shared_ptr<CacheEntry>(int64_t)> &find) {
   const int64_t cache_id = r.Get<int64_t>();
   req->deadline = r.Get<int64_t>();
+  const int64_t budget = r.Get<int64_t>();
   const uint32_t nt = r.Get<uint32_t>();
   const uint32_t ns = r.Get<uint32_t>();
   req->declared = r.Get<uint64_t>();
   if (!r.ok || r.n - r.off != static_cast<uint64_t>(nt) * 4 + static_cast<uint64_t>(ns) * 16) return LLM_PARAM_INVALID;
   // The requester's deadline bounds how long we serve it, but never beyond our own limit.
-  if (req->deadline <= 0) return LLM_PARAM_INVALID;
-  req->deadline = std::min(req->deadline, NowNs() + kMaxServeNs);
+  // Two views of the requester's deadline, and the earlier wins: the absolute one (its clock plus
+  // the offset measured at link time) still holds if we were frozen before reading this request;
+  // the remaining budget, counted from now, does not drift however long the link has lived.
+  if (req->deadline <= 0 || budget <= 0) return LLM_PARAM_INVALID;
+  const int64_t now = NowNs();
+  req->deadline = std::min({req->deadline, now + budget, now + kMaxServeNs});
   req->cache = find(cache_id);
   if (!req->cache) return LLM_KV_CACHE_NOT_EXIST;
   const CacheEntry &c = *req->cache;

@@ -116,6 +116,7 @@ Status Impl::ExecuteTcp(const std::shared_ptr<struct Link> &link, const RemoteCa
   w.buf.reserve(32 + plan.src_tensors.size() * 4 + plan.segs.size() * 16);
   w.Put<int64_t>(rc.id);
   w.Put<int64_t>(deadline + link->clock_offset_ns);
+  w.Put<int64_t>(std::max<int64_t>(deadline - NowNs(), 1));  // budget: immune to clock drift
   w.Put<uint32_t>(static_cast<uint32_t>(plan.src_tensors.size()));
   w.Put<uint32_t>(static_cast<uint32_t>(plan.segs.size()));
   w.Put<uint64_t>(total);
