@@ -138,10 +138,6 @@ IoResult RecvIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline) {
   return IoResult::kOk;
 }
 
-IoResult SendAll(int fd, const void *p, size_t n, int64_t deadline) {
-  iovec v{const_cast<void *>(p), n};
-  return SendIov(fd, &v, 1, deadline);
-}
 
 IoResult RecvAll(int fd, void *p, size_t n, int64_t deadline) {
   iovec v{p, n};

@@ -37,7 +37,6 @@ void LogInfo(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 bool ParseUint(const std::string &s, uint64_t max, uint64_t *out);  // decimal digits only
 bool ParseHostPort(const std::string &s, std::string *ip, uint32_t *port);
 void RandomBytes(void *out, size_t n);
-std::string HexBytes(const uint8_t *p, size_t n);
 
 // ---------------------------------------------------------------- crypto.cc
 void HmacSha256(const uint8_t *key, size_t key_len, const uint8_t *msg, size_t msg_len, uint8_t out[32]);
@@ -152,7 +151,6 @@ enum class IoResult { kOk, kTimeout, kClosed, kError };
 
 // All sockets are non-blocking; these loop with poll() until done, the deadline (NowNs() clock,
 // 0 = none) passes, or the peer closes.
-IoResult SendAll(int fd, const void *p, size_t n, int64_t deadline);
 IoResult SendIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline);
 IoResult RecvAll(int fd, void *p, size_t n, int64_t deadline);
 IoResult RecvIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline);
@@ -348,8 +346,6 @@ class Impl {
                        const Plan &plan, bool pull, int64_t deadline);
   Status ExecuteTcp(const std::shared_ptr<struct Link> &link, const RemoteCache &rc, const CacheEntry &lc,
                     const Plan &plan, bool pull, int64_t deadline);
-  Status ServeRead(int fd, Reader &r, const struct Link *link);
-  Status ServeWrite(int fd, Reader &r, const struct Link *link, uint64_t *drain);
   Status CheckRole(bool pull) const;
   void FailLink(const std::shared_ptr<struct Link> &link);
   void NotifyCacheGone(int64_t cache_id);

@@ -113,14 +113,5 @@ void RandomBytes(void *out, size_t n) {
   }
 }
 
-std::string HexBytes(const uint8_t *p, size_t n) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    s.push_back(kHex[p[i] >> 4]);
-    s.push_back(kHex[p[i] & 15]);
-  }
-  return s;
-}
 
 }  // namespace kvblocks
