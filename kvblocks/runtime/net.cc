@@ -58,6 +58,21 @@ IoResult WaitFd(int fd, short events, int64_t deadline) {
   }
 }
 
+// Consumes n transferred bytes from the front of iov[*first..iovcnt).
+void Advance(struct iovec *iov, size_t iovcnt, size_t *first, size_t n) {
+  while (n > 0 && *first < iovcnt) {
+    iovec &v = iov[*first];
+    if (n >= v.iov_len) {
+      n -= v.iov_len;
+      ++*first;
+    } else {
+      v.iov_base = static_cast<uint8_t *>(v.iov_base) + n;
+      v.iov_len -= n;
+      n = 0;
+    }
+  }
+}
+
 IoResult Classify(int err) {
   if (err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ESHUTDOWN) return IoResult::kClosed;
   return IoResult::kError;
@@ -85,17 +100,7 @@ IoResult SendIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline) {
       }
       return Classify(errno);
     }
-    size_t left = static_cast<size_t>(n);
-    while (left > 0 && first < iovcnt) {
-      if (left >= iov[first].iov_len) {
-        left -= iov[first].iov_len;
-        ++first;
-      } else {
-        iov[first].iov_base = static_cast<uint8_t *>(iov[first].iov_base) + left;
-        iov[first].iov_len -= left;
-        left = 0;
-      }
-    }
+    Advance(iov, iovcnt, &first, static_cast<size_t>(n));
   }
   return IoResult::kOk;
 }
@@ -123,17 +128,7 @@ IoResult RecvIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline) {
       }
       return Classify(errno);
     }
-    size_t left = static_cast<size_t>(n);
-    while (left > 0 && first < iovcnt) {
-      if (left >= iov[first].iov_len) {
-        left -= iov[first].iov_len;
-        ++first;
-      } else {
-        iov[first].iov_base = static_cast<uint8_t *>(iov[first].iov_base) + left;
-        iov[first].iov_len -= left;
-        left = 0;
-      }
-    }
+    Advance(iov, iovcnt, &first, static_cast<size_t>(n));
   }
   return IoResult::kOk;
 }
