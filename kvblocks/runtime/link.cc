@@ -364,24 +364,41 @@ Status Impl::LinkOne(const ClusterInfo &ci, int32_t timeout_ms) {
   return LLM_SUCCESS;
 }
 
-Status Impl::Link(const std::vector<ClusterInfo> &clusters, std::vector<Status> &rets, int32_t timeout_ms) {
-  std::shared_lock<std::shared_mutex> lk(state_mu_);
-  if (!initialized()) return LLM_FAILED;
+namespace {
+bool ValidIpv4(const IpInfo &ip) {
+  in_addr a;
+  return ip.ip.GetLength() != 0 && inet_pton(AF_INET, ip.ip.GetString(), &a) == 1;
+}
+
+// Link and Unlink share the argument checks (CANN order: timeout, addresses, empty list) and the
+// result rule: one status per cluster, the call returning the last failure.
+template <typename Fn>
+Status EachCluster(const std::vector<ClusterInfo> &clusters, std::vector<Status> &rets, int32_t timeout_ms,
+                   bool check_local, Fn &&one) {
   if (timeout_ms <= 0) return LLM_PARAM_INVALID;
-  for (const auto &c : clusters)
-    for (const auto *list : {&c.local_ip_infos, &c.remote_ip_infos})
-      for (const auto &ip : *list) {
-        in_addr a;
-        if (ip.ip.GetLength() == 0 || inet_pton(AF_INET, ip.ip.GetString(), &a) != 1) return LLM_PARAM_INVALID;
-      }
+  for (const auto &c : clusters) {
+    for (const auto &ip : c.remote_ip_infos)
+      if (!ValidIpv4(ip)) return LLM_PARAM_INVALID;
+    if (check_local)
+      for (const auto &ip : c.local_ip_infos)
+        if (!ValidIpv4(ip)) return LLM_PARAM_INVALID;
+  }
   if (clusters.empty()) return LLM_PARAM_INVALID;
   rets.assign(clusters.size(), LLM_SUCCESS);
   Status overall = LLM_SUCCESS;
   for (size_t i = 0; i < clusters.size(); ++i) {
-    rets[i] = LinkOne(clusters[i], timeout_ms);
+    rets[i] = one(clusters[i]);
     if (rets[i] != LLM_SUCCESS) overall = rets[i];
   }
   return overall;
+}
+}  // namespace
+
+Status Impl::Link(const std::vector<ClusterInfo> &clusters, std::vector<Status> &rets, int32_t timeout_ms) {
+  std::shared_lock<std::shared_mutex> lk(state_mu_);
+  if (!initialized()) return LLM_FAILED;
+  return EachCluster(clusters, rets, timeout_ms, true,
+                     [&](const ClusterInfo &c) { return LinkOne(c, timeout_ms); });
 }
 
 Status Impl::UnlinkOne(const ClusterInfo &ci, int32_t timeout_ms, bool force) {
@@ -412,20 +429,8 @@ Status Impl::Unlink(const std::vector<ClusterInfo> &clusters, std::vector<Status
                     bool force) {
   std::shared_lock<std::shared_mutex> lk(state_mu_);
   if (!initialized()) return LLM_FAILED;
-  if (timeout_ms <= 0) return LLM_PARAM_INVALID;
-  for (const auto &c : clusters)
-    for (const auto &ip : c.remote_ip_infos) {
-      in_addr a;
-      if (ip.ip.GetLength() == 0 || inet_pton(AF_INET, ip.ip.GetString(), &a) != 1) return LLM_PARAM_INVALID;
-    }
-  if (clusters.empty()) return LLM_PARAM_INVALID;
-  rets.assign(clusters.size(), LLM_SUCCESS);
-  Status overall = LLM_SUCCESS;
-  for (size_t i = 0; i < clusters.size(); ++i) {
-    rets[i] = UnlinkOne(clusters[i], timeout_ms, force);
-    if (rets[i] != LLM_SUCCESS) overall = rets[i];
-  }
-  return overall;
+  return EachCluster(clusters, rets, timeout_ms, false,
+                     [&](const ClusterInfo &c) { return UnlinkOne(c, timeout_ms, force); });
 }
 
 // ------------------------------------------------------------------ channels
