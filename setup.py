@@ -65,14 +65,14 @@ class BuildExt(build_ext):
         customize_compiler(cc)
         # Python's CFLAGS may carry C-only flags; the runtime is plain C++17.
         cc.compiler_so = [a for a in cc.compiler_so if a not in ("-Wstrict-prototypes",)]
-        sources = sorted(os.path.join(RUNTIME_DIR, f) for f in os.listdir(os.path.join(HERE, RUNTIME_DIR))
-                         if f.endswith(".cc"))
+        sources = sorted(os.path.relpath(os.path.join(d, f), HERE)
+                         for d, _, files in os.walk(os.path.join(HERE, RUNTIME_DIR)) for f in files if f.endswith(".cc"))
         tmp = os.path.join(self.build_temp, "runtime")
         os.makedirs(tmp, exist_ok=True)
         args = CXXFLAGS + OPT + ["-fPIC", "-g0"]
 
         def compile_one(src):
-            return cc.compile([src], output_dir=tmp, include_dirs=["include"], extra_postargs=args)[0]
+            return cc.compile([src], output_dir=tmp, include_dirs=["include", RUNTIME_DIR], extra_postargs=args)[0]
 
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
             objects = list(pool.map(compile_one, sources))

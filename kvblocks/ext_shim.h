@@ -18,6 +18,7 @@ constexpr const char OPTION_TRANSPORT[] = "kvblocks.Transport";
 constexpr const char OPTION_AUTH_TOKEN[] = "kvblocks.AuthToken";
 constexpr const char OPTION_ROLE_CHECK[] = "kvblocks.RoleCheck";
 enum class CacheKind : uint8_t { kMix = 0, kBlocks = 1, kCache = 2 };
+inline const char *LastErrorMessage() noexcept { return ""; }
 struct ImplAccess {
   static llm_datadist::Status AddCache(llm_datadist::LlmDataDist &dd, const llm_datadist::CacheDesc &desc,
                                        const std::vector<uint64_t> &addrs, CacheKind kind, int64_t key,

@@ -5,6 +5,8 @@ import socket
 import struct
 
 MAGIC = 0x3142564B
+VERSION = 2
+CAP_TCP = 1
 HDR = struct.Struct("<IHHIIQ")
 HELLO, CHALLENGE, AUTH, HELLO_ACK, CONFIRM, CONFIRM_ACK = 1, 2, 3, 4, 5, 6
 READ_REQ, READ_RESP, WRITE_REQ, WRITE_READY, WRITE_DONE, ERROR = 20, 21, 22, 23, 24, 30
@@ -32,7 +34,7 @@ def recv_frame(s):
 
 def handshake(port, kind, cluster_id, token=b"\0" * 16, extra=b"", ip="127.0.0.1"):
     s = socket.create_connection((ip, port), timeout=5)
-    send_frame(s, HELLO, struct.pack("<IIQ", 1, kind, cluster_id) + os.urandom(16) + token + extra)
+    send_frame(s, HELLO, struct.pack("<IIQ", VERSION, kind, cluster_id) + os.urandom(16) + token + extra)
     t, _, _ = recv_frame(s)
     assert t == CHALLENGE
     send_frame(s, AUTH, b"\0" * 33)
@@ -43,11 +45,11 @@ def handshake(port, kind, cluster_id, token=b"\0" * 16, extra=b"", ip="127.0.0.1
 
 def open_link(port, cluster_id=77):
     """Control handshake with a made-up identity; returns (ctrl socket, link token)."""
-    identity = b"\0" * 16 + struct.pack("<QIQQQ", 0, 0, 0, 0, 0) + struct.pack("<q", 0)
-    table = struct.pack("<I", 0)
-    ctrl, status, payload = handshake(port, 1, cluster_id, extra=identity + table)
+    identity = b"\0" * 16 + struct.pack("<QIQQQ", 0, 0, 0, 0, 0)
+    info = struct.pack("<Q", CAP_TCP) + identity + struct.pack("<q", 0) + struct.pack("<I", 0)  # no caches
+    ctrl, status, payload = handshake(port, 1, cluster_id, extra=info)
     assert status == 0
-    token = payload[8 + 52 + 8: 8 + 52 + 8 + 16]
+    token = payload[8:24]  # HELLO_ACK: cluster_id u64, link_token[16], link info
     send_frame(ctrl, CONFIRM, struct.pack("<q", 0))
     t, status, _ = recv_frame(ctrl)
     assert t == CONFIRM_ACK and status == 0

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kvblocks/error.h"
 #include "llm_datadist/llm_datadist.h"
 
 namespace kvblocks {
@@ -35,12 +36,12 @@ struct KVBLOCKS_API ImplAccess {
   static llm_datadist::Status FindRemoteCache(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t key,
                                               int64_t &cache_id);
   // Path used towards a linked peer: "inprocess", "shm", "cma", "tcp" or "" when not linked.
-  static std::string LinkPath(llm_datadist::LlmDataDist &dd, uint64_t cluster_id);
+  static std::string LinkPath(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept;
   // Keeps the memory of an allocated cache mapped while the returned handle lives (null for
   // registered memory, which the caller owns).
-  static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &dd, int64_t cache_id);
+  static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &dd, int64_t cache_id) noexcept;
   // Number of data channels currently open towards a peer (tests and introspection).
-  static int LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id);
+  static int LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept;
 };
 
 }  // namespace kvblocks

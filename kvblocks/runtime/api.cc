@@ -1,21 +1,29 @@
 // SPDX-License-Identifier: Apache-2.0
 // llm_datadist::LlmDataDist: the CANN-compatible facade over kvblocks::Impl.
-#include "runtime.h"
+#include <exception>
+
+#include "common/error.h"
+#include "engine/engine.h"
 
 namespace llm_datadist {
 
 using kvblocks::CacheKind;
+using kvblocks::Fail;
 
 namespace {
-// No C++ exception crosses the CANN-style status API (callers include Cython nogil code).
+// No C++ exception crosses the CANN-style status API (callers include Cython nogil code), and
+// every call starts with a clear last error.
 template <typename F>
 Status Guard(F &&f) noexcept {
+  kvblocks::ClearLastError();
   try {
     return f();
   } catch (const std::bad_alloc &) {
-    return LLM_OUT_OF_MEMORY;
+    return Fail(LLM_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception &e) {
+    return Fail(LLM_FAILED, "internal error: %s", e.what());
   } catch (...) {
-    return LLM_FAILED;
+    return Fail(LLM_FAILED, "internal error");
   }
 }
 }  // namespace
@@ -31,7 +39,12 @@ LlmDataDist::~LlmDataDist() = default;
 Status LlmDataDist::Initialize(const std::map<AscendString, AscendString> &options) {
   return Guard([&] { return impl_->Initialize(options); });
 }
-void LlmDataDist::Finalize() { impl_->Finalize(); }
+void LlmDataDist::Finalize() {
+  Guard([&] {
+    impl_->Finalize();
+    return LLM_SUCCESS;
+  });
+}
 Status LlmDataDist::SetRole(LlmRole role, const std::map<AscendString, AscendString> &options) {
   return Guard([&] { return impl_->SetRole(role, options); });
 }
@@ -46,7 +59,9 @@ Status LlmDataDist::UnlinkLlmClusters(const std::vector<ClusterInfo> &clusters, 
 Status LlmDataDist::AllocateCache(const CacheDesc &cache_desc, Cache &cache) {
   return Guard([&] { return impl_->AddCache(cache_desc, {}, CacheKind::kMix, -1, &cache, true); });
 }
-Status LlmDataDist::DeallocateCache(int64_t cache_id) { return impl_->RemoveCache(cache_id); }
+Status LlmDataDist::DeallocateCache(int64_t cache_id) {
+  return Guard([&] { return impl_->RemoveCache(cache_id); });
+}
 Status LlmDataDist::PullKvCache(const CacheIndex &src_cache_index, const Cache &dst_cache, uint32_t batch_index,
                                 int64_t size, const KvCacheExtParam &ext_param) {
   return Guard([&] { return impl_->PullCache(src_cache_index, dst_cache, batch_index, size, ext_param); });
@@ -82,7 +97,9 @@ Status LlmDataDist::RegisterKvCache(const CacheDesc &cache_desc, const std::vect
   if (st == LLM_SUCCESS) cache_id = out.cache_id;
   return st;
 }
-Status LlmDataDist::UnregisterKvCache(int64_t cache_id) { return impl_->RemoveCache(cache_id); }
+Status LlmDataDist::UnregisterKvCache(int64_t cache_id) {
+  return Guard([&] { return impl_->RemoveCache(cache_id); });
+}
 
 }  // namespace llm_datadist
 
@@ -94,16 +111,29 @@ Status ImplAccess::AddCache(llm_datadist::LlmDataDist &dd, const CacheDesc &desc
 }
 Status ImplAccess::FindRemoteCache(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t key,
                                    int64_t &cache_id) {
-  return dd.impl_->FindRemoteCache(cluster_id, key, &cache_id);
+  return llm_datadist::Guard([&] { return dd.impl_->FindRemoteCache(cluster_id, key, &cache_id); });
 }
-std::string ImplAccess::LinkPath(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) {
-  return dd.impl_->LinkPath(cluster_id);
+// Introspection: on an internal failure (out of memory) these report "nothing" rather than throw.
+std::string ImplAccess::LinkPath(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept {
+  try {
+    return dd.impl_->LinkPath(cluster_id);
+  } catch (...) {
+    return std::string();
+  }
 }
-std::shared_ptr<void> ImplAccess::PinCacheMemory(llm_datadist::LlmDataDist &dd, int64_t cache_id) {
-  return dd.impl_->PinCacheMemory(cache_id);
+std::shared_ptr<void> ImplAccess::PinCacheMemory(llm_datadist::LlmDataDist &dd, int64_t cache_id) noexcept {
+  try {
+    return dd.impl_->PinCacheMemory(cache_id);
+  } catch (...) {
+    return nullptr;
+  }
 }
-int ImplAccess::LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) {
-  return dd.impl_->LinkChannels(cluster_id);
+int ImplAccess::LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept {
+  try {
+    return dd.impl_->LinkChannels(cluster_id);
+  } catch (...) {
+    return 0;
+  }
 }
 
 }  // namespace kvblocks

@@ -11,16 +11,24 @@
 
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 
-#include "runtime.h"
+#include "common/error.h"
+#include "common/limits.h"
+#include "common/util.h"
+#include "net/socket.h"
 
 namespace kvblocks {
+
+using llm_datadist::Status;
+using namespace llm_datadist;  // NOLINT: status constants
+
 namespace {
 
 int64_t SpinNs() {
   static const int64_t ns = [] {
     const char *v = getenv("KVBLOCKS_SPIN_US");
-    return (v != nullptr ? atoll(v) : 50) * 1000LL;
+    return (v != nullptr ? atoll(v) : kDefaultSpinUs) * 1000LL;
   }();
   return ns;
 }
@@ -140,16 +148,32 @@ IoResult RecvAll(int fd, void *p, size_t n, int64_t deadline) {
 }
 
 IoResult SendFrame(int fd, uint16_t type, uint32_t status, const void *payload, size_t n, int64_t deadline) {
-  FrameHeader h{kMagic, type, 0, status, 0, n};
-  iovec v[2] = {{&h, sizeof(h)}, {const_cast<void *>(payload), n}};
+  uint8_t head[kFrameHeaderBytes];
+  EncodeHeader(FrameHeader{type, 0, status, n}, head);
+  iovec v[2] = {{head, sizeof(head)}, {const_cast<void *>(payload), n}};
   return SendIov(fd, v, n > 0 ? 2 : 1, deadline);
 }
 
+IoResult SendFrame(int fd, uint16_t type, uint32_t status, const std::string &payload, int64_t deadline) {
+  return SendFrame(fd, type, status, payload.data(), payload.size(), deadline);
+}
+
 IoResult RecvHeader(int fd, FrameHeader *h, int64_t deadline) {
-  const IoResult r = RecvAll(fd, h, sizeof(*h), deadline);
+  uint8_t head[kFrameHeaderBytes];
+  const IoResult r = RecvAll(fd, head, sizeof(head), deadline);
   if (r != IoResult::kOk) return r;
-  if (h->magic != kMagic) return IoResult::kError;
-  return IoResult::kOk;
+  return DecodeHeader(head, h) ? IoResult::kOk : IoResult::kError;
+}
+
+IoResult RecvPayload(int fd, const FrameHeader &h, std::string *out, int64_t deadline, uint64_t max) {
+  if (h.length > max) return IoResult::kError;
+  out->resize(h.length);
+  return h.length == 0 ? IoResult::kOk : RecvAll(fd, &(*out)[0], h.length, deadline);
+}
+
+Status StatusOf(IoResult r) {
+  if (r == IoResult::kOk) return LLM_SUCCESS;
+  return r == IoResult::kTimeout ? LLM_TIMEOUT : LLM_LINK_FAILED;
 }
 
 void TuneSocket(int fd) {
@@ -184,12 +208,12 @@ int ConnectTcp(const std::string &ip, uint16_t port, int64_t deadline, Status *s
   sockaddr_storage ss;
   socklen_t len;
   if (!MakeAddr(ip, port, &ss, &len)) {
-    *st = LLM_PARAM_INVALID;
+    *st = Fail(LLM_PARAM_INVALID, "%s is not an IP address", ip.c_str());
     return -1;
   }
   const int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
-    *st = LLM_LINK_FAILED;
+    *st = Fail(LLM_LINK_FAILED, "socket: %s", strerror(errno));
     return -1;
   }
   int rc = connect(fd, reinterpret_cast<sockaddr *>(&ss), len);
@@ -197,17 +221,20 @@ int ConnectTcp(const std::string &ip, uint16_t port, int64_t deadline, Status *s
     const IoResult w = WaitFd(fd, POLLOUT, deadline);
     if (w != IoResult::kOk) {
       close(fd);
-      *st = w == IoResult::kTimeout ? LLM_TIMEOUT : LLM_LINK_FAILED;
+      *st = Fail(StatusOf(w), "connect %s:%u: %s", ip.c_str(), port,
+                 w == IoResult::kTimeout ? "timed out" : "failed");
       return -1;
     }
     int err = 0;
     socklen_t el = sizeof(err);
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
     rc = err == 0 ? 0 : -1;
+    errno = err;
   }
   if (rc != 0) {
+    const int err = errno;
     close(fd);
-    *st = LLM_LINK_FAILED;
+    *st = Fail(LLM_LINK_FAILED, "connect %s:%u: %s", ip.c_str(), port, strerror(err));
     return -1;
   }
   TuneSocket(fd);
@@ -230,30 +257,14 @@ int ListenTcp(const std::string &ip, uint32_t port, Status *st) {
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (bind(fd, reinterpret_cast<sockaddr *>(&ss), len) != 0 || listen(fd, 128) != 0) {
-    LogWarn("cannot listen on %s:%u: %s", ip.c_str(), port, strerror(errno));
+    const int err = errno;
+    LogWarn("cannot listen on %s:%u: %s", ip.c_str(), port, strerror(err));
     close(fd);
-    *st = LLM_FAILED;
+    *st = Fail(LLM_FAILED, "listen %s:%u: %s", ip.c_str(), port, strerror(err));
     return -1;
   }
   *st = LLM_SUCCESS;
   return fd;
-}
-
-void BuildBlockSegments(const std::vector<uint64_t> &src, const std::vector<uint64_t> &dst, uint64_t block_bytes,
-                        Plan *plan) {
-  const size_t n = src.size();
-  plan->segs.reserve(plan->segs.size() + n);  // upper bound; untouched pages cost nothing
-  size_t i = 0;
-  uint64_t total = 0;
-  while (i < n) {
-    size_t j = i + 1;
-    while (j < n && src[j] == src[j - 1] + 1 && dst[j] == dst[j - 1] + 1) ++j;
-    const uint64_t len = (j - i) * block_bytes;
-    plan->segs.push_back(Segment{src[i] * block_bytes, dst[i] * block_bytes, len});
-    total += len;
-    i = j;
-  }
-  plan->bytes_per_tensor += total;
 }
 
 }  // namespace kvblocks

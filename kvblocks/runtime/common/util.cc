@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Small helpers: clocks, logging, option parsing, randomness.
+// Clocks, logging, option parsing, randomness.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <sys/random.h>
@@ -9,8 +9,9 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
-#include "runtime.h"
+#include "common/util.h"
 
 namespace kvblocks {
 

@@ -7,39 +7,45 @@
 
 #include <cstdlib>
 
-#include "runtime.h"
+#include "common/error.h"
+#include "common/util.h"
+#include "engine/engine.h"
+#include "net/socket.h"
+#include "transport/select.h"
 
 namespace kvblocks {
 
 namespace {
-std::mutex g_instances_mu;
-std::set<uint64_t> g_instances;  // live Impl tokens of this process: detects same-process peers
-constexpr size_t kMaxHandshakes = 64;
-}  // namespace
-
-bool IsLocalInstance(uint64_t token) {
-  std::lock_guard<std::mutex> g(g_instances_mu);
-  return g_instances.count(token) != 0;
+const char *RoleName(LlmRole r) {
+  switch (r) {
+    case LlmRole::kPrompt:
+      return "PROMPT";
+    case LlmRole::kDecoder:
+      return "DECODER";
+    case LlmRole::kMix:
+      return "MIX";
+    default:
+      return "unknown";
+  }
 }
+}  // namespace
 
 Impl::Impl(uint64_t cluster_id, LlmRole role) : cluster_id_(cluster_id), role_(role) {
   RandomBytes(&instance_token_, sizeof(instance_token_));
   RandomBytes(&probe_value_, sizeof(probe_value_));
-  std::lock_guard<std::mutex> g(g_instances_mu);
-  g_instances.insert(instance_token_);
+  RegisterInstance(instance_token_);
 }
 
 Impl::~Impl() {
   Finalize();
-  std::lock_guard<std::mutex> g(g_instances_mu);
-  g_instances.erase(instance_token_);
+  UnregisterInstance(instance_token_);
 }
 
 Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   std::unique_lock<std::shared_mutex> lk(state_mu_);
   if (initialized()) return LLM_SUCCESS;
   const int32_t role = static_cast<int32_t>(role_.load());
-  if (role < 1 || role > 3) return LLM_PARAM_INVALID;
+  if (role < 1 || role > 3) return Fail(LLM_PARAM_INVALID, "role %d is not PROMPT (1), DECODER (2) or MIX (3)", role);
 
   auto get = [&](const char *key, std::string *v) {
     auto it = options.find(AscendString(key));
@@ -49,24 +55,30 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   };
   std::string v;
   // Device id: required; one non-negative integer (one device per process, as CANN V2).
-  if (!get(OPTION_DEVICE_ID, &v)) return LLM_PARAM_INVALID;
+  if (!get(OPTION_DEVICE_ID, &v)) return Fail(LLM_PARAM_INVALID, "option %s is required", OPTION_DEVICE_ID);
   uint64_t dev;
-  if (!ParseUint(v, 0x7FFFFFFF, &dev)) return LLM_PARAM_INVALID;
+  if (!ParseUint(v, 0x7FFFFFFF, &dev))
+    return Fail(LLM_PARAM_INVALID, "option %s=\"%s\" is not an integer >= 0", OPTION_DEVICE_ID, v.c_str());
 
   std::string listen_ip;
   uint32_t listen_port = 0;
   const bool listen = get(OPTION_LISTEN_IP_INFO, &v);
-  if (listen && (!ParseHostPort(v, &listen_ip, &listen_port) || listen_port > 65535)) return LLM_PARAM_INVALID;
-  if (get(OPTION_TRANSFER_BACKEND, &v) && v != "hixl") return LLM_PARAM_INVALID;
-  int64_t wait_ms = 1000;
+  if (listen && (!ParseHostPort(v, &listen_ip, &listen_port) || listen_port > 65535))
+    return Fail(LLM_PARAM_INVALID, "option %s=\"%s\" is not ip:port", OPTION_LISTEN_IP_INFO, v.c_str());
+  if (get(OPTION_TRANSFER_BACKEND, &v) && v != "hixl")
+    return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": only \"hixl\" is accepted", OPTION_TRANSFER_BACKEND, v.c_str());
+  int64_t wait_ms = kDefaultWaitMs;
   if (get(OPTION_SYNC_CACHE_WAIT_TIME, &v)) {
     uint64_t ms;
-    if (!ParseUint(v, 0x7FFFFFFF, &ms)) return LLM_PARAM_INVALID;
+    if (!ParseUint(v, 0x7FFFFFFF, &ms))
+      return Fail(LLM_PARAM_INVALID, "option %s=\"%s\" is not a number of ms", OPTION_SYNC_CACHE_WAIT_TIME,
+                  v.c_str());
     wait_ms = static_cast<int64_t>(ms);
   }
   std::string transport = "auto";
   if (get(OPTION_TRANSPORT, &v)) {
-    if (v != "auto" && v != "shm" && v != "tcp") return LLM_PARAM_INVALID;
+    if (v != "auto" && v != "shm" && v != "tcp")
+      return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use auto, shm or tcp", OPTION_TRANSPORT, v.c_str());
     transport = v;
   }
   std::string token;
@@ -76,7 +88,7 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   }
   bool role_check = true;
   if (get(OPTION_ROLE_CHECK, &v)) {
-    if (v != "0" && v != "1") return LLM_PARAM_INVALID;
+    if (v != "0" && v != "1") return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use 0 or 1", OPTION_ROLE_CHECK, v.c_str());
     role_check = v == "1";
   }
 
@@ -99,13 +111,7 @@ void Impl::Finalize() {
   // Wake everything first so in-flight calls fail fast, then wait for them to leave.
   stopping_.store(true);
   StopListening();
-  {
-    std::lock_guard<std::mutex> g(links_mu_);
-    for (auto &kv : links_) {
-      kv.second->alive.store(false);
-      kv.second->Shutdown();
-    }
-  }
+  links_.ShutdownAll();
   {
     std::lock_guard<std::mutex> g(workers_mu_);
     for (int fd : loose_fds_) shutdown(fd, SHUT_RDWR);
@@ -115,37 +121,23 @@ void Impl::Finalize() {
   StopListening();  // again: a SetRole that held the lock may have started a new listener
   initialized_.store(false, std::memory_order_release);
   ReapWorkers(true);
-  std::map<uint64_t, std::shared_ptr<struct Link>> links;
-  {
-    std::lock_guard<std::mutex> g(links_mu_);
-    links.swap(links_);
-  }
-  for (auto &kv : links) DropLink(kv.second, false);
-  std::map<int64_t, std::shared_ptr<CacheEntry>> caches;
-  {
-    std::unique_lock<std::shared_mutex> g(caches_mu_);
-    caches.swap(caches_);
-  }
-  for (auto &kv : caches) {
-    std::unique_lock<std::shared_mutex> use(kv.second->use_mu);
-    kv.second->removed = true;
-  }
+  for (auto &kv : links_.TakeAll()) kv.second->Fail();
+  for (auto &kv : caches_.TakeAll()) RetireCache(kv.second.get());
 }
 
 Status Impl::SetRole(LlmRole role, const std::map<AscendString, AscendString> &options) {
   std::unique_lock<std::shared_mutex> lk(state_mu_);
-  if (!initialized()) return LLM_FAILED;
+  if (!initialized()) return Fail(LLM_FAILED, "set_role: the engine is not initialized");
   const int32_t r = static_cast<int32_t>(role);
-  if (r < 1 || r > 3) return LLM_PARAM_INVALID;
+  if (r < 1 || r > 3) return Fail(LLM_PARAM_INVALID, "role %d is not PROMPT (1), DECODER (2) or MIX (3)", r);
   std::string ip;
   uint32_t port = 0;
   auto it = options.find(AscendString(OPTION_LISTEN_IP_INFO));
   const bool listen = it != options.end();
-  if (listen && (!ParseHostPort(it->second.GetString(), &ip, &port) || port > 65535)) return LLM_PARAM_INVALID;
-  {
-    std::lock_guard<std::mutex> g(links_mu_);
-    if (!links_.empty()) return LLM_EXIST_LINK;
-  }
+  if (listen && (!ParseHostPort(it->second.GetString(), &ip, &port) || port > 65535))
+    return Fail(LLM_PARAM_INVALID, "option %s=\"%s\" is not ip:port", OPTION_LISTEN_IP_INFO,
+                it->second.GetString());
+  if (!links_.empty()) return Fail(LLM_EXIST_LINK, "set_role: unlink every cluster first");
   if (listen) {
     if (listen_fd_ < 0 || ip != listen_ip_ || port != listen_port_) {
       StopListening();
@@ -165,7 +157,8 @@ Status Impl::CheckRole(bool pull) const {
   const LlmRole r = role_.load();
   if (r == LlmRole::kMix) return LLM_SUCCESS;
   if (pull ? r == LlmRole::kDecoder : r == LlmRole::kPrompt) return LLM_SUCCESS;
-  return LLM_PARAM_INVALID;
+  return Fail(LLM_PARAM_INVALID, "role %s cannot %s (needs %s or MIX; or set %s=0)", RoleName(r),
+              pull ? "pull" : "push", pull ? "DECODER" : "PROMPT", OPTION_ROLE_CHECK);
 }
 
 Status Impl::StartListening(const std::string &ip, uint32_t port) {

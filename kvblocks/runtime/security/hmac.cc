@@ -3,7 +3,7 @@
 // Self-contained so the runtime needs no TLS library; only ever used on short handshake messages.
 #include <cstring>
 
-#include "runtime.h"
+#include "security/auth.h"
 
 namespace kvblocks {
 namespace {
@@ -113,6 +113,16 @@ bool ConstantTimeEqual(const uint8_t *a, const uint8_t *b, size_t n) {
   uint8_t d = 0;
   for (size_t i = 0; i < n; ++i) d |= a[i] ^ b[i];
   return d == 0;
+}
+
+void Proof(const std::string &token, const char *label, const uint8_t *client_nonce, const uint8_t *server_nonce,
+           uint8_t out[32]) {
+  uint8_t msg[64];
+  const size_t l = strlen(label);
+  memcpy(msg, label, l);
+  memcpy(msg + l, client_nonce, kNonceBytes);
+  memcpy(msg + l + kNonceBytes, server_nonce, kNonceBytes);
+  HmacSha256(reinterpret_cast<const uint8_t *>(token.data()), token.size(), msg, l + 2 * kNonceBytes, out);
 }
 
 }  // namespace kvblocks

@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "cache/cache.h"
+
+#include <mutex>
+
+namespace kvblocks {
+
+TableEntry CacheEntry::Describe() const {
+  TableEntry t;
+  t.id = id;
+  t.kind = kind;
+  t.key = key;
+  t.num_tensors = num_tensors;
+  t.tensor_bytes = tensor_bytes;
+  t.num_blocks = num_blocks;
+  t.batch_size = batch_size;
+  t.stride = stride;
+  if (region) {
+    t.has_memfd = true;
+    t.memfd = MemfdDesc{region->fd, region->ino, region->dev, region->size, pitch};
+  }
+  t.addrs = addrs;
+  return t;
+}
+
+std::shared_ptr<CacheEntry> CacheRegistry::Find(int64_t id) const {
+  std::shared_lock<std::shared_mutex> g(mu_);
+  auto it = caches_.find(id);
+  return it == caches_.end() ? nullptr : it->second;
+}
+
+int64_t CacheRegistry::Add(std::shared_ptr<CacheEntry> e) {
+  std::unique_lock<std::shared_mutex> g(mu_);
+  e->id = next_id_++;
+  caches_[e->id] = std::move(e);
+  return next_id_ - 1;
+}
+
+std::shared_ptr<CacheEntry> CacheRegistry::Take(int64_t id) {
+  std::unique_lock<std::shared_mutex> g(mu_);
+  auto it = caches_.find(id);
+  if (it == caches_.end()) return nullptr;
+  auto e = std::move(it->second);
+  caches_.erase(it);
+  return e;
+}
+
+std::map<int64_t, std::shared_ptr<CacheEntry>> CacheRegistry::TakeAll() {
+  std::unique_lock<std::shared_mutex> g(mu_);
+  std::map<int64_t, std::shared_ptr<CacheEntry>> all;
+  all.swap(caches_);
+  return all;
+}
+
+std::vector<TableEntry> CacheRegistry::Describe() const {
+  std::shared_lock<std::shared_mutex> g(mu_);
+  std::vector<TableEntry> out;
+  out.reserve(caches_.size());
+  for (const auto &kv : caches_) out.push_back(kv.second->Describe());
+  return out;
+}
+
+void RetireCache(CacheEntry *e) {
+  std::unique_lock<std::shared_mutex> use(e->use_mu);
+  e->removed = true;
+}
+
+}  // namespace kvblocks

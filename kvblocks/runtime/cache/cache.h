@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// A registered or allocated cache, and the registry of this engine's caches.
+#ifndef KVBLOCKS_RUNTIME_CACHE_CACHE_H_
+#define KVBLOCKS_RUNTIME_CACHE_CACHE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <shared_mutex>
+#include <vector>
+
+#include "cache/region.h"
+#include "cache/table.h"
+#include "llm_datadist/llm_datadist.h"
+
+namespace kvblocks {
+
+struct CacheEntry {
+  int64_t id = 0;
+  CacheKind kind = CacheKind::kMix;
+  int64_t key = -1;
+  llm_datadist::CacheDesc desc;
+  uint32_t num_tensors = 0;
+  uint64_t tensor_bytes = 0;
+  uint64_t num_blocks = 0;  // 0 for kCache
+  uint64_t batch_size = 0;
+  uint64_t stride = 0;  // bytes per block / batch row
+  std::vector<uint64_t> addrs;
+  std::shared_ptr<SharedRegion> region;  // set for AllocateCache
+  uint64_t pitch = 0;                    // distance between tensors inside region
+  mutable std::shared_mutex use_mu;      // transfers hold it shared; unregister exclusive
+  bool removed = false;                  // set under exclusive use_mu when unregistered
+
+  uint8_t *tensor(uint32_t i) const { return reinterpret_cast<uint8_t *>(addrs[i]); }
+  TableEntry Describe() const;  // the entry peers see in the link-time table
+};
+
+// Holds a cache for the duration of a transfer; `ok` is false once it has been unregistered, so a
+// transfer that looked the cache up just before removal never touches freed memory.
+struct CacheUse {
+  std::shared_lock<std::shared_mutex> lock;
+  bool ok;
+  explicit CacheUse(const CacheEntry &e) : lock(e.use_mu), ok(!e.removed) {}
+};
+
+// Ids start at 1 and are never reused.
+class CacheRegistry {
+ public:
+  std::shared_ptr<CacheEntry> Find(int64_t id) const;
+  int64_t Add(std::shared_ptr<CacheEntry> e);      // assigns the id
+  std::shared_ptr<CacheEntry> Take(int64_t id);    // removes; null when unknown
+  std::map<int64_t, std::shared_ptr<CacheEntry>> TakeAll();
+  std::vector<TableEntry> Describe() const;
+
+ private:
+  mutable std::shared_mutex mu_;
+  std::map<int64_t, std::shared_ptr<CacheEntry>> caches_;
+  int64_t next_id_ = 1;
+};
+
+// Marks a cache removed once every transfer using it has finished.
+void RetireCache(CacheEntry *e);
+
+}  // namespace kvblocks
+
+#endif  // KVBLOCKS_RUNTIME_CACHE_CACHE_H_

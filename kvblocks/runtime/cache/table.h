@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+// The cache table exchanged at link time. Each entry carries per-transport descriptors, so a peer
+// that does not know a transport skips its descriptor and still links over TCP.
+#ifndef KVBLOCKS_RUNTIME_CACHE_TABLE_H_
+#define KVBLOCKS_RUNTIME_CACHE_TABLE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "kvblocks/ext.h"
+
+namespace kvblocks {
+
+struct Writer;
+struct Reader;
+
+enum DescriptorKind : uint8_t {
+  kDescMemfd = 1,  // a runtime-owned memfd a same-host peer may map
+  kDescAddrs = 2,  // tensor addresses in the owner's address space (CMA, in-process)
+};
+
+struct MemfdDesc {
+  int32_t fd = -1;
+  uint64_t ino = 0, dev = 0, region_size = 0;
+  uint64_t pitch = 0;  // bytes between tensors inside the region
+};
+
+struct TableEntry {
+  int64_t id = 0;
+  CacheKind kind = CacheKind::kMix;
+  int64_t key = -1;
+  uint32_t num_tensors = 0;
+  uint64_t tensor_bytes = 0, num_blocks = 0, batch_size = 0, stride = 0;
+  bool has_memfd = false;
+  MemfdDesc memfd;
+  std::vector<uint64_t> addrs;  // empty when not announced
+};
+
+void EncodeTable(const std::vector<TableEntry> &caches, Writer *w);
+// Rejects entries that are not self-consistent (sizes, counts, descriptor bounds).
+bool DecodeTable(Reader *r, std::vector<TableEntry> *caches);
+
+}  // namespace kvblocks
+
+#endif  // KVBLOCKS_RUNTIME_CACHE_TABLE_H_

@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every limit and magic number of the runtime, in one place. Each says why it has its value.
+#ifndef KVBLOCKS_RUNTIME_COMMON_LIMITS_H_
+#define KVBLOCKS_RUNTIME_COMMON_LIMITS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvblocks {
+
+constexpr int64_t kMsNs = 1000000LL;
+constexpr int64_t kSecNs = 1000LL * kMsNs;
+
+// ---- wire
+constexpr uint32_t kMagic = 0x3142564BU;  // "KVB1" little-endian
+constexpr uint32_t kProtocolVersion = 2;  // 2: capability bitmask and per-transport table descriptors
+constexpr uint64_t kMaxControlPayload = 64ULL << 20;  // any frame but READ_RESP data
+constexpr uint64_t kMaxInlineWrite = 256ULL << 10;    // pushes this small skip the READY round trip
+constexpr uint64_t kMaxHelloBytes = 16ULL << 20;      // read before authentication: keep it bounded
+constexpr uint32_t kMaxTableCaches = 1U << 20;
+constexpr uint32_t kMaxTableTensors = 1U << 20;
+
+// ---- links and handshakes
+constexpr int64_t kHandshakeNs = 10 * kSecNs;  // bound on a peer that stalls mid-handshake
+constexpr size_t kMaxHandshakes = 64;          // unauthenticated handshakes in progress at once
+constexpr int kMaxRequesterChannels = 8;       // data channels per link and direction
+constexpr int64_t kErrorReplyNs = 100 * kMsNs; // best-effort ERROR frames before closing
+
+// ---- serving
+constexpr int64_t kFrameNs = 10 * kSecNs;     // a started frame must arrive within this
+constexpr int64_t kMaxServeNs = 600 * kSecNs; // no request holds a serving thread longer
+
+// ---- copies
+// Large one-sided copies are split over a few threads: one core cannot saturate memory bandwidth
+// with 64 KiB copies on this kind of machine. Small ones stay on the caller's thread.
+constexpr uint64_t kParallelBytes = 8ULL << 20;
+constexpr size_t kMaxCopyThreads = 4;
+constexpr uint64_t kPageBytes = 4096;  // allocated tensors are page-aligned so one mmap maps them
+
+// ---- defaults
+constexpr int64_t kDefaultWaitMs = 1000;  // llm.SyncKvCacheWaitTime
+constexpr int64_t kDefaultSpinUs = 50;    // KVBLOCKS_SPIN_US
+
+}  // namespace kvblocks
+
+#endif  // KVBLOCKS_RUNTIME_COMMON_LIMITS_H_

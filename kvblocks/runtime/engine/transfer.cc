@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: Apache-2.0
+// Pull/Push of blocks and batches: argument checks in CANN's order, then one plan executed on the
+// remote cache's path. Every check runs before the first byte moves, so a failed call changes no
+// memory.
+#include <algorithm>
+#include <memory>
+
+#include "common/error.h"
+#include "common/util.h"
+#include "engine/engine.h"
+#include "plan/plan.h"
+
+namespace kvblocks {
+
+// What a transfer holds while its bytes move.
+struct Transfer {
+  std::shared_lock<std::shared_mutex> state;
+  int64_t deadline = 0;
+  std::shared_ptr<CacheEntry> local;
+  std::shared_ptr<struct Link> link;
+  const RemoteCache *remote = nullptr;
+  std::unique_ptr<RemoteUse> remote_use;
+  Plan plan;
+};
+
+namespace {
+
+Status CheckBlocks(const char *name, const std::vector<uint64_t> &blocks, uint64_t limit, const char *whose,
+                   int64_t cache_id) {
+  const size_t i = FirstOutOfRange(blocks.data(), blocks.size(), limit);
+  if (i == blocks.size()) return LLM_SUCCESS;
+  return Fail(LLM_PARAM_INVALID, "%s[%zu]=%llu is out of range for %s cache %lld (%llu blocks)", name, i,
+              static_cast<unsigned long long>(blocks[i]), whose, static_cast<long long>(cache_id),
+              static_cast<unsigned long long>(limit));
+}
+
+Status CheckLists(const std::vector<uint64_t> &src, const std::vector<uint64_t> &dst) {
+  if (src.empty()) return Fail(LLM_PARAM_INVALID, "src_blocks is empty");
+  if (src.size() != dst.size())
+    return Fail(LLM_PARAM_INVALID, "src_blocks has %zu entries, dst_blocks %zu", src.size(), dst.size());
+  return LLM_SUCCESS;
+}
+
+Status CheckPullRanges(const KvCacheExtParam &ext) {
+  if (!LayerRangeValid(ext.src_layer_range.first, ext.src_layer_range.second) ||
+      !LayerRangeValid(ext.dst_layer_range.first, ext.dst_layer_range.second))
+    return Fail(LLM_PARAM_INVALID, "layer ranges src=(%d, %d) dst=(%d, %d) must be (-1, -1) or first <= second",
+                ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
+                ext.dst_layer_range.second);
+  if (ext.tensor_num_per_layer == 0) return Fail(LLM_PARAM_INVALID, "tensor_num_per_layer is 0");
+  return LLM_SUCCESS;
+}
+
+Status BadSpan(const KvCacheExtParam &ext, uint32_t local_tensors) {
+  return Fail(LLM_PARAM_INVALID, "layer ranges src=(%d, %d) dst=(%d, %d) x %u tensors per layer do not fit the %u "
+              "tensors of the local cache", ext.src_layer_range.first, ext.src_layer_range.second,
+              ext.dst_layer_range.first, ext.dst_layer_range.second, ext.tensor_num_per_layer, local_tensors);
+}
+
+Status CheckRemoteSpan(const TensorSpan &span, bool explicit_range, const RemoteCache &rc, uint32_t local_tensors) {
+  if (explicit_range ? span.src_begin + span.count <= rc.num_tensors : rc.num_tensors == local_tensors)
+    return LLM_SUCCESS;
+  return Fail(LLM_PARAM_INVALID, "remote cache %lld has %u tensors; the transfer needs %s", static_cast<long long>(rc.id),
+              rc.num_tensors, explicit_range ? "more" : "as many as the local cache");
+}
+
+Status CheckStrides(uint64_t local, const RemoteCache &rc) {
+  if (rc.stride == local) return LLM_SUCCESS;
+  return Fail(LLM_PARAM_INVALID, "block size %llu bytes of remote cache %lld differs from the local %llu",
+              static_cast<unsigned long long>(rc.stride), static_cast<long long>(rc.id),
+              static_cast<unsigned long long>(local));
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ shared steps
+Status Impl::Begin(Transfer *t, bool pull) {
+  t->state = std::shared_lock<std::shared_mutex>(state_mu_);
+  if (!initialized()) return Fail(LLM_FAILED, "the engine is not initialized");
+  t->deadline = NowNs() + wait_time_ms_ * kMsNs;
+  return CheckRole(pull) != LLM_SUCCESS ? LLM_PARAM_INVALID : LLM_SUCCESS;
+}
+
+Status Impl::FindLocal(Transfer *t, int64_t cache_id) {
+  t->local = caches_.Find(cache_id);
+  if (t->local) return LLM_SUCCESS;
+  return Fail(LLM_KV_CACHE_NOT_EXIST, "local cache %lld does not exist", static_cast<long long>(cache_id));
+}
+
+Status Impl::FindLink(Transfer *t, uint64_t cluster_id) {
+  t->link = links_.FindAlive(cluster_id);
+  if (t->link) return LLM_SUCCESS;
+  return Fail(LLM_NOT_YET_LINK, "cluster %llu is not linked", static_cast<unsigned long long>(cluster_id));
+}
+
+Status Impl::FindRemote(Transfer *t, int64_t cache_id) {
+  auto it = t->link->caches.find(cache_id);
+  if (cache_id <= 0 || it == t->link->caches.end())
+    return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld (as of linking)",
+                static_cast<unsigned long long>(t->link->remote_cluster_id), static_cast<long long>(cache_id));
+  t->remote = &it->second;
+  t->remote_use.reset(new RemoteUse(*t->remote));
+  if (t->remote_use->ok) return LLM_SUCCESS;
+  return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu unregistered cache %lld",
+              static_cast<unsigned long long>(t->link->remote_cluster_id), static_cast<long long>(cache_id));
+}
+
+Status Impl::Execute(Transfer *t, bool pull) {
+  CacheUse use(*t->local);
+  if (!use.ok) return Fail(LLM_KV_CACHE_NOT_EXIST, "local cache %lld was unregistered", static_cast<long long>(t->local->id));
+  const Status st = t->remote->path->Execute(t->plan, *t->local, pull, t->deadline);
+  // A timed-out or broken transfer leaves the link unusable, as in CANN: re-link to recover.
+  if (st == LLM_TIMEOUT || st == LLM_LINK_FAILED) t->link->Fail();
+  if (st == LLM_TIMEOUT)
+    return Fail(st, "%s did not complete within llm.SyncKvCacheWaitTime=%lld ms; the link is now broken",
+                pull ? "pull" : "push", static_cast<long long>(wait_time_ms_));
+  if (st == LLM_LINK_FAILED)
+    return Fail(st, "the link to cluster %llu failed", static_cast<unsigned long long>(t->link->remote_cluster_id));
+  return st;
+}
+
+// ------------------------------------------------------------------ blocks
+Status Impl::PullBlocks(const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &src_blocks,
+                        const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext) {
+  Transfer t;
+  Status st;
+  if ((st = Begin(&t, true)) != LLM_SUCCESS) return st;
+  if (src.batch_index != 0) return Fail(LLM_PARAM_INVALID, "src_index.batch_index must be 0 for blocks");
+  if ((st = CheckPullRanges(ext)) != LLM_SUCCESS || (st = CheckLists(src_blocks, dst_blocks)) != LLM_SUCCESS) return st;
+  if (src.cluster_id == cluster_id_) return Fail(LLM_PARAM_INVALID, "src_index.cluster_id is this engine's own");
+  if ((st = FindLocal(&t, dst.cache_id)) != LLM_SUCCESS) return st;
+  const CacheEntry &lc = *t.local;
+  if (lc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "local cache %lld holds batches, not blocks", (long long)lc.id);
+  bool explicit_range;
+  TensorSpan span;
+  if (PullTensorSpan(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
+                     ext.dst_layer_range.second, ext.tensor_num_per_layer, lc.num_tensors, &explicit_range,
+                     &span) != RuleError::kOk)
+    return BadSpan(ext, lc.num_tensors);
+  if ((st = FindLink(&t, src.cluster_id)) != LLM_SUCCESS) return st;
+  if ((st = CheckBlocks("dst_blocks", dst_blocks, lc.num_blocks, "local", lc.id)) != LLM_SUCCESS) return st;
+  if ((st = FindRemote(&t, src.cache_id)) != LLM_SUCCESS) return st;
+  const RemoteCache &rc = *t.remote;
+  if (rc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "remote cache %lld holds batches, not blocks", (long long)rc.id);
+  if ((st = CheckRemoteSpan(span, explicit_range, rc, lc.num_tensors)) != LLM_SUCCESS) return st;
+  if ((st = CheckBlocks("src_blocks", src_blocks, rc.num_blocks, "remote", rc.id)) != LLM_SUCCESS) return st;
+  if ((st = CheckStrides(lc.stride, rc)) != LLM_SUCCESS) return st;
+  t.plan.PairTensors(span.src_begin, span.dst_begin, span.count);
+  t.plan.AddBlocks(src_blocks, dst_blocks, lc.stride);
+  return Execute(&t, true);
+}
+
+Status Impl::PushBlocks(const Cache &src, const CacheIndex &dst, const std::vector<uint64_t> &src_blocks,
+                        const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext) {
+  Transfer t;
+  Status st;
+  if ((st = Begin(&t, false)) != LLM_SUCCESS) return st;
+  if (src.cache_desc.placement != CachePlacement::kDevice)
+    return Fail(LLM_PARAM_INVALID, "src_cache must be placed on DEVICE to push");
+  if ((st = CheckLists(src_blocks, dst_blocks)) != LLM_SUCCESS) return st;
+  if (dst.batch_index != 0) return Fail(LLM_PARAM_INVALID, "dst_index.batch_index must be 0 for blocks");
+  if (PushRangesValid(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
+                      ext.dst_layer_range.second, src.cache_desc.num_tensors) != RuleError::kOk)
+    return BadSpan(ext, src.cache_desc.num_tensors);
+  if (ext.tensor_num_per_layer == 0) return Fail(LLM_PARAM_INVALID, "tensor_num_per_layer is 0");
+  if ((st = FindLocal(&t, src.cache_id)) != LLM_SUCCESS) return st;
+  const CacheEntry &lc = *t.local;
+  if ((st = FindLink(&t, dst.cluster_id)) != LLM_SUCCESS || (st = FindRemote(&t, dst.cache_id)) != LLM_SUCCESS)
+    return st;
+  const RemoteCache &rc = *t.remote;
+  if (rc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "remote cache %lld holds batches, not blocks", (long long)rc.id);
+  TensorSpan span;
+  if (PushTensorSpan(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
+                     ext.tensor_num_per_layer, lc.num_tensors, rc.num_tensors, &span) != RuleError::kOk)
+    return BadSpan(ext, lc.num_tensors);
+  if ((st = CheckBlocks("dst_blocks", dst_blocks, rc.num_blocks, "remote", rc.id)) != LLM_SUCCESS) return st;
+  if (lc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "local cache %lld holds batches, not blocks", (long long)lc.id);
+  if ((st = CheckBlocks("src_blocks", src_blocks, lc.num_blocks, "local", lc.id)) != LLM_SUCCESS) return st;
+  if ((st = CheckStrides(lc.stride, rc)) != LLM_SUCCESS) return st;
+  t.plan.PairTensors(span.src_begin, span.dst_begin, span.count);
+  t.plan.AddBlocks(src_blocks, dst_blocks, lc.stride);
+  return Execute(&t, false);
+}
+
+// ------------------------------------------------------------------ batches
+Status Impl::PullCache(const CacheIndex &src, const Cache &dst, uint32_t batch_index, int64_t size,
+                       const KvCacheExtParam &ext) {
+  Transfer t;
+  Status st;
+  if ((st = Begin(&t, true)) != LLM_SUCCESS) return st;
+  if (size != -1 && size <= 0) return Fail(LLM_PARAM_INVALID, "size=%lld must be -1 or > 0", (long long)size);
+  if ((st = CheckPullRanges(ext)) != LLM_SUCCESS) return st;
+  if (src.cluster_id == cluster_id_) return Fail(LLM_PARAM_INVALID, "src_index.cluster_id is this engine's own");
+  if ((st = FindLocal(&t, dst.cache_id)) != LLM_SUCCESS) return st;
+  const CacheEntry &lc = *t.local;
+  if (batch_index >= lc.batch_size)
+    return Fail(LLM_PARAM_INVALID, "batch_index=%u is out of range for local cache %lld (%llu batches)", batch_index,
+                (long long)lc.id, (unsigned long long)lc.batch_size);
+  if (size > 0 && static_cast<uint64_t>(size) > lc.stride)
+    return Fail(LLM_PARAM_INVALID, "size=%lld exceeds the %llu bytes of a local batch row", (long long)size,
+                (unsigned long long)lc.stride);
+  bool explicit_range;
+  TensorSpan span;
+  if (PullTensorSpan(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
+                     ext.dst_layer_range.second, ext.tensor_num_per_layer, lc.num_tensors, &explicit_range,
+                     &span) != RuleError::kOk)
+    return BadSpan(ext, lc.num_tensors);
+  if ((st = FindLink(&t, src.cluster_id)) != LLM_SUCCESS || (st = FindRemote(&t, src.cache_id)) != LLM_SUCCESS)
+    return st;
+  const RemoteCache &rc = *t.remote;
+  if ((st = CheckRemoteSpan(span, explicit_range, rc, lc.num_tensors)) != LLM_SUCCESS) return st;
+  if (src.batch_index >= rc.batch_size)
+    return Fail(LLM_KV_CACHE_NOT_EXIST, "src_index.batch_index=%u is out of range for remote cache %lld (%llu batches)",
+                src.batch_index, (long long)rc.id, (unsigned long long)rc.batch_size);
+  const uint64_t len = size == -1 ? lc.stride : static_cast<uint64_t>(size);
+  if (len > rc.stride)
+    return Fail(LLM_PARAM_INVALID, "%llu bytes exceed the %llu bytes of a remote batch row", (unsigned long long)len,
+                (unsigned long long)rc.stride);
+  t.plan.PairTensors(span.src_begin, span.dst_begin, span.count);
+  t.plan.AddRange(src.batch_index * rc.stride, batch_index * lc.stride, len);
+  return Execute(&t, true);
+}
+
+Status Impl::PushCache(const Cache &src, const CacheIndex &dst, uint32_t src_batch_index, int64_t size,
+                       const KvCacheExtParam &ext) {
+  Transfer t;
+  Status st;
+  if ((st = Begin(&t, false)) != LLM_SUCCESS) return st;
+  if (src.cache_desc.placement != CachePlacement::kDevice)
+    return Fail(LLM_PARAM_INVALID, "src_cache must be placed on DEVICE to push");
+  if (size != -1) return Fail(LLM_PARAM_INVALID, "size=%lld: push_kv_cache supports only -1", (long long)size);
+  if (PushRangesValid(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
+                      ext.dst_layer_range.second, src.cache_desc.num_tensors) != RuleError::kOk)
+    return BadSpan(ext, src.cache_desc.num_tensors);
+  if (ext.tensor_num_per_layer == 0) return Fail(LLM_PARAM_INVALID, "tensor_num_per_layer is 0");
+  if ((st = FindLocal(&t, src.cache_id)) != LLM_SUCCESS) return st;
+  const CacheEntry &lc = *t.local;
+  if ((st = FindLink(&t, dst.cluster_id)) != LLM_SUCCESS || (st = FindRemote(&t, dst.cache_id)) != LLM_SUCCESS)
+    return st;
+  const RemoteCache &rc = *t.remote;
+  if (dst.batch_index >= rc.batch_size)
+    return Fail(LLM_PARAM_INVALID, "dst_index.batch_index=%u is out of range for remote cache %lld (%llu batches)",
+                dst.batch_index, (long long)rc.id, (unsigned long long)rc.batch_size);
+  TensorSpan span;
+  if (PushTensorSpan(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
+                     ext.tensor_num_per_layer, lc.num_tensors, rc.num_tensors, &span) != RuleError::kOk)
+    return BadSpan(ext, lc.num_tensors);
+  if (src_batch_index >= lc.batch_size)
+    return Fail(LLM_PARAM_INVALID, "src_batch_index=%u is out of range for local cache %lld (%llu batches)",
+                src_batch_index, (long long)lc.id, (unsigned long long)lc.batch_size);
+  if (lc.stride > rc.stride)
+    return Fail(LLM_PARAM_INVALID, "a local batch row (%llu bytes) exceeds a remote one (%llu bytes)",
+                (unsigned long long)lc.stride, (unsigned long long)rc.stride);
+  t.plan.PairTensors(span.src_begin, span.dst_begin, span.count);
+  t.plan.AddRange(src_batch_index * lc.stride, dst.batch_index * rc.stride, lc.stride);
+  return Execute(&t, false);
+}
+
+// ------------------------------------------------------------------ extensions
+Status Impl::FindRemoteCache(uint64_t cluster_id, int64_t key, int64_t *cache_id) {
+  Transfer t;
+  Status st;
+  if ((st = FindLink(&t, cluster_id)) != LLM_SUCCESS) return st;
+  for (const auto &kv : t.link->caches)
+    if (kv.second.key == key) {
+      *cache_id = kv.first;
+      return LLM_SUCCESS;
+    }
+  return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache with key %lld", (unsigned long long)cluster_id,
+              (long long)key);
+}
+
+std::string Impl::LinkPath(uint64_t cluster_id) {
+  auto link = links_.FindAlive(cluster_id);
+  return link ? link->PathName() : "";
+}
+
+std::shared_ptr<void> Impl::PinCacheMemory(int64_t cache_id) {
+  auto e = caches_.Find(cache_id);
+  return e ? std::shared_ptr<void>(e->region) : nullptr;
+}
+
+int Impl::LinkChannels(uint64_t cluster_id) {
+  auto link = links_.Find(cluster_id);
+  if (!link) return 0;
+  std::lock_guard<std::mutex> g(link->mu);
+  return static_cast<int>(link->fds.size());
+}
+
+}  // namespace kvblocks

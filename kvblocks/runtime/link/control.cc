@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+// The control connection of a link: unlink, cache-gone notices and reverse-channel requests. When
+// it closes, the link is dead on both sides.
+#include "common/util.h"
+#include "engine/engine.h"
+#include "net/socket.h"
+
+namespace kvblocks {
+
+namespace {
+// The peer unregistered one of its caches: wait for our one-sided copies of it, then stop using it.
+void MarkGone(struct Link *link, int64_t id) {
+  auto it = link->caches.find(id);
+  if (it == link->caches.end()) return;
+  std::unique_lock<std::shared_mutex> g(it->second.live->mu);
+  it->second.live->gone = true;
+}
+}  // namespace
+
+void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
+  const int fd = link->ctrl_fd;
+  for (;;) {
+    FrameHeader h;
+    std::string payload;
+    if (RecvHeader(fd, &h, 0) != IoResult::kOk || RecvPayload(fd, h, &payload, NowNs() + kHandshakeNs) != IoResult::kOk)
+      break;
+    CacheRef ref;
+    if (h.type == kUnlink) {
+      // Remove the link before acknowledging, so nothing the peer does after our ack still sees it.
+      link->alive.store(false);
+      links_.Erase(link);
+      link->SendCtrl(kUnlinkAck, NowNs() + kSecNs);
+      DropLink(link);
+      break;
+    }
+    if (h.type == kUnlinkAck) {
+      std::lock_guard<std::mutex> g(link->mu);
+      link->unlink_acked = true;
+      link->cv.notify_all();
+    } else if (h.type == kCacheGone && Decode(payload, &ref)) {
+      MarkGone(link.get(), ref.cache_id);
+      link->SendCtrl(kCacheGoneAck, NowNs() + kHandshakeNs, payload);
+    } else if (h.type == kCacheGoneAck && Decode(payload, &ref)) {
+      std::lock_guard<std::mutex> g(link->mu);
+      link->gone_acked.insert(ref.cache_id);
+      link->cv.notify_all();
+    } else if (h.type == kOpenReverse && link->opener) {
+      {
+        // A peer may not make us open (and serve) more channels than it could use.
+        std::lock_guard<std::mutex> g(link->mu);
+        if (link->reverse_channels >= kMaxRequesterChannels) continue;
+        ++link->reverse_channels;
+      }
+      Spawn([this, link] {
+        Status st;
+        const int rev = OpenChannel(link, ConnKind::kDataRev, NowNs() + kHandshakeNs, &st);
+        if (rev >= 0) ServeConnection(rev, link);
+        std::lock_guard<std::mutex> g(link->mu);
+        --link->reverse_channels;
+      });
+    }
+  }
+  // The peer closed the control connection (exit, crash, unlink or finalize): the link is gone.
+  if (link->alive.load()) LogInfo("link to cluster %llu lost", static_cast<unsigned long long>(link->remote_cluster_id));
+  link->Fail();
+  link->CloseCtrl();
+}
+
+}  // namespace kvblocks

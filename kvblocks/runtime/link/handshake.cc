@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "link/handshake.h"
+
+#include "common/error.h"
+#include "common/limits.h"
+#include "common/util.h"
+#include "net/socket.h"
+#include "security/auth.h"
+
+namespace kvblocks {
+
+using namespace llm_datadist;  // NOLINT: status constants
+
+namespace {
+// Receives one frame of `type` and decodes it into `m`.
+template <typename M>
+bool RecvMessage(int fd, uint16_t type, int64_t deadline, M *m, uint64_t max = kMaxControlPayload) {
+  FrameHeader h;
+  std::string payload;
+  return RecvHeader(fd, &h, deadline) == IoResult::kOk && h.type == type && h.length <= max &&
+         RecvPayload(fd, h, &payload, deadline, max) == IoResult::kOk && Decode(payload, m);
+}
+}  // namespace
+
+Status ClientHandshake(int fd, const Hello &hello, const std::string &token, int64_t deadline, std::string *ack) {
+  IoResult r = SendMessage(fd, kHello, 0, hello, deadline);
+  if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: sending HELLO failed");
+  Challenge ch;
+  if (!RecvMessage(fd, kChallenge, deadline, &ch))
+    return Fail(NowNs() >= deadline ? LLM_TIMEOUT : LLM_LINK_FAILED, "handshake: no valid CHALLENGE from the listener");
+  // Always answer the challenge first, so a listener with a different token sees and logs it.
+  AuthProof auth;
+  if (!token.empty()) {
+    auth.has_proof = true;
+    Proof(token, kClientLabel, hello.nonce, ch.nonce, auth.proof);
+  }
+  r = SendMessage(fd, kAuth, 0, auth, deadline);
+  if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: sending AUTH failed");
+  bool server_ok = true;
+  if (!token.empty()) {
+    uint8_t expect[kProofBytes];
+    Proof(token, kServerLabel, hello.nonce, ch.nonce, expect);
+    server_ok = ch.has_proof && ConstantTimeEqual(expect, ch.proof, kProofBytes);
+  }
+  FrameHeader h;
+  r = RecvHeader(fd, &h, deadline);
+  if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: no HELLO_ACK from the listener");
+  if (h.type != kHelloAck || RecvPayload(fd, h, ack, deadline) != IoResult::kOk)
+    return Fail(LLM_LINK_FAILED, "handshake: malformed HELLO_ACK");
+  if (token.empty() && ch.auth_required) {
+    LogWarn("link refused: the listener requires kvblocks.AuthToken and none is set");
+    return Fail(LLM_LINK_FAILED, "the listener requires kvblocks.AuthToken and none is set");
+  }
+  if (!server_ok) {
+    LogWarn("link refused: the listener did not prove knowledge of kvblocks.AuthToken");
+    return Fail(LLM_LINK_FAILED, "the listener did not prove knowledge of kvblocks.AuthToken");
+  }
+  if (h.status == LLM_LINK_FAILED && !token.empty())
+    return Fail(LLM_LINK_FAILED, "the listener rejected our kvblocks.AuthToken proof");
+  return h.status;
+}
+
+bool ServerHandshake(int fd, const std::string &token, int64_t deadline, Hello *hello) {
+  if (!RecvMessage(fd, kHello, deadline, hello, kMaxHelloBytes)) {
+    SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + kErrorReplyNs);
+    return false;
+  }
+  Challenge ch;
+  RandomBytes(ch.nonce, sizeof(ch.nonce));
+  ch.auth_required = !token.empty();
+  if (!token.empty()) {
+    ch.has_proof = true;
+    Proof(token, kServerLabel, hello->nonce, ch.nonce, ch.proof);
+  }
+  AuthProof auth;
+  if (SendMessage(fd, kChallenge, 0, ch, deadline) != IoResult::kOk || !RecvMessage(fd, kAuth, deadline, &auth))
+    return false;
+  if (token.empty()) return true;
+  uint8_t expect[kProofBytes];
+  Proof(token, kClientLabel, hello->nonce, ch.nonce, expect);
+  if (auth.has_proof && ConstantTimeEqual(expect, auth.proof, kProofBytes)) return true;
+  LogWarn("rejected a link from cluster %llu: %s kvblocks.AuthToken",
+          static_cast<unsigned long long>(hello->cluster_id), auth.has_proof ? "wrong" : "missing");
+  SendFrame(fd, kHelloAck, LLM_LINK_FAILED, nullptr, 0, deadline);
+  return false;
+}
+
+}  // namespace kvblocks

@@ -1,0 +1,140 @@
+// SPDX-License-Identifier: Apache-2.0
+// Link bookkeeping: sockets, the channel pool and failure.
+#include "link/link.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "common/limits.h"
+#include "common/util.h"
+#include "net/socket.h"
+
+namespace kvblocks {
+
+using namespace llm_datadist;  // NOLINT: status constants
+
+void Link::AddFd(int fd) {
+  std::lock_guard<std::mutex> g(mu);
+  fds.insert(fd);
+  if (!alive.load()) shutdown(fd, SHUT_RDWR);
+}
+
+void Link::ForgetFd(int fd) {
+  std::lock_guard<std::mutex> g(mu);
+  if (fds.erase(fd) != 0) close(fd);
+}
+
+void Link::Shutdown() {
+  std::lock_guard<std::mutex> g(mu);
+  for (int fd : fds) shutdown(fd, SHUT_RDWR);
+  cv.notify_all();
+}
+
+void Link::Fail() {
+  alive.store(false);
+  Shutdown();
+  std::vector<int> closing;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    closing.swap(idle);
+    requester_channels -= static_cast<int>(closing.size());
+  }
+  for (int fd : closing) ForgetFd(fd);
+}
+
+bool Link::SendCtrl(uint16_t type, int64_t deadline, const std::string &payload) {
+  std::lock_guard<std::mutex> g(ctrl_write_mu);
+  return ctrl_fd >= 0 && SendFrame(ctrl_fd, type, 0, payload, deadline) == IoResult::kOk;
+}
+
+void Link::CloseCtrl() {
+  int fd;
+  {
+    std::lock_guard<std::mutex> g(ctrl_write_mu);
+    fd = ctrl_fd;
+    ctrl_fd = -1;
+  }
+  if (fd >= 0) ForgetFd(fd);
+}
+
+Link::~Link() {
+  for (int fd : fds) close(fd);  // channels left behind by a failed link or a late reverse channel
+}
+
+int Link::AcquireChannel(int64_t deadline, Status *st) {
+  std::unique_lock<std::mutex> g(mu);
+  for (;;) {
+    if (!alive.load()) {
+      *st = LLM_NOT_YET_LINK;
+      return -1;
+    }
+    if (!idle.empty()) {
+      const int fd = idle.back();
+      idle.pop_back();
+      return fd;
+    }
+    if (opener && requester_channels < kMaxRequesterChannels) {
+      ++requester_channels;
+      g.unlock();
+      const int fd = open_channel(ConnKind::kDataFwd, deadline, st);
+      g.lock();
+      if (fd < 0) {
+        --requester_channels;
+        if (*st != LLM_TIMEOUT) *st = LLM_LINK_FAILED;
+      }
+      return fd;
+    }
+    if (!opener && requester_channels + pending_reverse < kMaxRequesterChannels) {
+      // Only the opener can connect; ask it for another reverse channel over the control link.
+      ++pending_reverse;
+      g.unlock();
+      SendCtrl(kOpenReverse, deadline);
+      g.lock();
+    }
+    const int64_t left = deadline - NowNs();
+    if (left <= 0) {
+      *st = LLM_TIMEOUT;
+      return -1;
+    }
+    cv.wait_for(g, std::chrono::nanoseconds(left));
+  }
+}
+
+void Link::ReleaseChannel(int fd, bool reusable) {
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (reusable && alive.load()) {
+      idle.push_back(fd);
+      cv.notify_one();
+      return;
+    }
+    --requester_channels;
+  }
+  ForgetFd(fd);
+}
+
+void Link::AddRequesterChannel(int fd) {
+  std::lock_guard<std::mutex> g(mu);
+  idle.push_back(fd);
+  ++requester_channels;
+  if (pending_reverse > 0) --pending_reverse;
+  cv.notify_all();
+}
+
+const char *Link::PathName() const {
+  if (!one_sided) return "tcp";
+  if (same_process) return "inprocess";
+  bool any_cma = false, any_shm = false;
+  for (const auto &kv : caches) {
+    const char *n = kv.second.path->name();
+    any_cma |= strcmp(n, "cma") == 0;
+    any_shm |= strcmp(n, "shm") == 0;
+  }
+  if (any_cma) return any_shm ? "shm+cma" : "cma";
+  return "shm";
+}
+
+}  // namespace kvblocks

@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+// A link to one peer: its cache table as seen at link time, the path to each cache, the control
+// connection and the pool of data channels.
+#ifndef KVBLOCKS_RUNTIME_LINK_LINK_H_
+#define KVBLOCKS_RUNTIME_LINK_LINK_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "cache/table.h"
+#include "llm_datadist/llm_datadist.h"
+#include "transport/path.h"
+#include "wire/messages.h"
+
+namespace kvblocks {
+
+// The peer's cache as seen through a link.
+struct RemoteCache : TableEntry {
+  // Shared by copies of this entry. Transfers hold `mu` shared; the peer's CACHE_GONE takes it
+  // exclusively and sets `gone` before it is acknowledged, so no one-sided copy touches memory
+  // the peer frees after unregistering.
+  struct Liveness {
+    std::shared_mutex mu;
+    bool gone = false;
+  };
+  std::shared_ptr<Liveness> live = std::make_shared<Liveness>();
+  std::shared_ptr<Path> path;
+  explicit RemoteCache(TableEntry e) : TableEntry(std::move(e)) {}
+};
+
+struct RemoteUse {
+  std::shared_lock<std::shared_mutex> lock;
+  bool ok;
+  explicit RemoteUse(const RemoteCache &rc) : lock(rc.live->mu), ok(!rc.live->gone) {}
+};
+
+using ChannelOpener = std::function<int(ConnKind kind, int64_t deadline, llm_datadist::Status *st)>;
+
+struct Link {
+  uint64_t remote_cluster_id = 0;
+  std::atomic<bool> alive{true};
+  bool opener = false;
+  std::string remote_ip;
+  uint16_t remote_port = 0;
+  uint8_t token[16] = {};
+  int ctrl_fd = -1;
+  int64_t clock_offset_ns = 0;  // peer clock = local clock + offset
+  PeerIdentity peer;
+  uint64_t capabilities = 0;  // offered by both sides
+  bool same_host = false, same_process = false;
+  bool one_sided = false;  // some cache is reached without the peer (memcpy, CMA)
+  std::map<int64_t, RemoteCache> caches;
+  ChannelOpener open_channel;  // opener side: connects and authenticates one more channel
+
+  std::mutex mu;  // guards the fields below
+  std::condition_variable cv;
+  std::vector<int> idle;  // our requester channels not in use
+  std::set<int> fds;      // every socket of this link, for shutdown
+  int requester_channels = 0;
+  int reverse_channels = 0;  // opener: channels it serves for the acceptor
+  int pending_reverse = 0;
+  bool unlink_acked = false;
+  std::set<int64_t> gone_acked;  // our cache ids the peer confirmed it stopped using
+  std::mutex ctrl_write_mu;
+
+  void AddFd(int fd);
+  void ForgetFd(int fd);  // closes it
+  void Shutdown();        // wakes every blocked I/O on the link
+  void Fail();            // marks it dead, wakes everyone and closes idle channels
+  // Sends a control frame unless the control connection is already closed (ctrl_fd = -1).
+  bool SendCtrl(uint16_t type, int64_t deadline, const std::string &payload = std::string());
+  void CloseCtrl();  // closes ctrl_fd under ctrl_write_mu, so no writer can hit a reused fd
+  // A data channel for one request, opened or requested from the peer when none is idle.
+  int AcquireChannel(int64_t deadline, llm_datadist::Status *st);
+  void ReleaseChannel(int fd, bool reusable);
+  void AddRequesterChannel(int fd);  // a reverse channel the opener opened for us
+  const char *PathName() const;      // "inprocess", "shm", "cma", "shm+cma" or "tcp"
+  ~Link();
+};
+
+}  // namespace kvblocks
+
+#endif  // KVBLOCKS_RUNTIME_LINK_LINK_H_

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+// Non-blocking socket I/O with deadlines (NowNs() clock; 0 = none, for serving threads woken by
+// shutdown()), and framed messages on top of it.
+#ifndef KVBLOCKS_RUNTIME_NET_SOCKET_H_
+#define KVBLOCKS_RUNTIME_NET_SOCKET_H_
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "llm_datadist/llm_datadist.h"
+#include "wire/messages.h"
+
+namespace kvblocks {
+
+enum class IoResult { kOk, kTimeout, kClosed, kError };
+
+IoResult SendIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline);
+IoResult RecvIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline);  // checks the deadline per read
+IoResult RecvAll(int fd, void *p, size_t n, int64_t deadline);
+
+IoResult SendFrame(int fd, uint16_t type, uint32_t status, const void *payload, size_t n, int64_t deadline);
+IoResult SendFrame(int fd, uint16_t type, uint32_t status, const std::string &payload, int64_t deadline);
+IoResult RecvHeader(int fd, FrameHeader *h, int64_t deadline);  // kError on bad magic
+// Reads the payload announced by `h`, refusing one over `max` bytes before allocating it.
+IoResult RecvPayload(int fd, const FrameHeader &h, std::string *out, int64_t deadline,
+                     uint64_t max = kMaxControlPayload);
+
+// Encodes `msg` and sends it as one frame.
+template <typename M>
+IoResult SendMessage(int fd, uint16_t type, uint32_t status, const M &msg, int64_t deadline) {
+  std::string payload;
+  Encode(msg, &payload);
+  return SendFrame(fd, type, status, payload, deadline);
+}
+
+int ConnectTcp(const std::string &ip, uint16_t port, int64_t deadline, llm_datadist::Status *st);
+int ListenTcp(const std::string &ip, uint32_t port, llm_datadist::Status *st);
+void TuneSocket(int fd);
+
+llm_datadist::Status StatusOf(IoResult r);  // timeout -> LLM_TIMEOUT, other failures -> LLM_LINK_FAILED
+
+// Appends [p, p+len) to an iovec list, merging it into the last entry when they touch.
+inline void AppendIov(std::vector<iovec> *v, uint8_t *p, size_t len) {
+  if (len == 0) return;
+  if (!v->empty()) {
+    iovec &last = v->back();
+    if (static_cast<uint8_t *>(last.iov_base) + last.iov_len == p) {
+      last.iov_len += len;
+      return;
+    }
+  }
+  v->push_back(iovec{p, len});
+}
+
+}  // namespace kvblocks
+
+#endif  // KVBLOCKS_RUNTIME_NET_SOCKET_H_

@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: Apache-2.0
+// A transfer plan: which tensor pairs, and which byte ranges of each, move. Built once per call
+// after every check passed; every transport executes the same plan.
+#ifndef KVBLOCKS_RUNTIME_PLAN_PLAN_H_
+#define KVBLOCKS_RUNTIME_PLAN_PLAN_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvblocks {
+
+struct Segment {
+  uint64_t src_off, dst_off, len;
+};
+
+struct Plan {
+  std::vector<uint32_t> src_tensors, dst_tensors;  // paired tensor indices
+  std::vector<Segment> segs;                       // the same byte ranges in every tensor pair
+  uint64_t bytes_per_tensor = 0;
+  uint64_t total_bytes() const { return bytes_per_tensor * src_tensors.size(); }
+  // Pairs tensors [src_begin, src_begin + count) with [dst_begin, dst_begin + count).
+  void PairTensors(uint32_t src_begin, uint32_t dst_begin, uint32_t count);
+  // Merges consecutive (src, dst) block pairs into runs and appends them as byte segments.
+  void AddBlocks(const std::vector<uint64_t> &src, const std::vector<uint64_t> &dst, uint64_t block_bytes);
+  void AddRange(uint64_t src_off, uint64_t dst_off, uint64_t len);
+};
+
+}  // namespace kvblocks
+
+#endif  // KVBLOCKS_RUNTIME_PLAN_PLAN_H_

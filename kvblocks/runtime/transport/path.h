@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+// The transport interface: a Path moves a Plan's bytes between one local cache and one remote
+// cache before a deadline. One Path is chosen per remote cache at link time (transport/select.cc);
+// a new data path is one more implementation plus one capability bit in the handshake.
+#ifndef KVBLOCKS_RUNTIME_TRANSPORT_PATH_H_
+#define KVBLOCKS_RUNTIME_TRANSPORT_PATH_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cache/cache.h"
+#include "cache/region.h"
+#include "llm_datadist/llm_datadist.h"
+#include "plan/plan.h"
+
+namespace kvblocks {
+
+struct Link;
+
+class Path {
+ public:
+  virtual ~Path() = default;
+  virtual const char *name() const = 0;  // "inprocess", "shm", "cma", "tcp"
+  // pull: remote -> local, else local -> remote. Returns LLM_TIMEOUT when the deadline passes first;
+  // once it returns, no byte of the destination changes.
+  virtual llm_datadist::Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) = 0;
+};
+
+// memcpy into memory this process can address: another engine of this process, or a peer's memfd
+// mapped here. `keep` holds the mapping.
+std::unique_ptr<Path> MakeMemoryPath(const char *name, std::vector<uint8_t *> remote_tensors,
+                                     std::shared_ptr<SharedRegion> keep);
+// process_vm_readv/writev on a same-host peer's registered memory.
+std::unique_ptr<Path> MakeCmaPath(int pid, std::vector<uint64_t> remote_tensors);
+// Requests over the link's data channels, served by the peer (transport/tcp_serve.cc).
+std::unique_ptr<Path> MakeTcpPath(Link *link, int64_t remote_cache_id);
+
+// memcpy of a plan between two tensor tables of this process (also CopyKvBlocks/CopyKvCache).
+llm_datadist::Status CopyPlan(const Plan &plan, uint8_t *const *src, uint8_t *const *dst, int64_t deadline);
+
+// Serves the peer's requests on one data channel until it closes; checks every request against
+// this process's own cache table.
+void ServeChannel(int fd, Link *link, const CacheRegistry &caches);
+
+}  // namespace kvblocks
+
+#endif  // KVBLOCKS_RUNTIME_TRANSPORT_PATH_H_

@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: Apache-2.0
+// The serving side of a data channel. Runs on runtime threads only (never Python), and checks
+// every request against this process's own cache table: a peer's offsets are never trusted.
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "common/limits.h"
+#include "common/util.h"
+#include "link/link.h"
+#include "net/socket.h"
+#include "transport/path.h"
+
+namespace kvblocks {
+
+using namespace llm_datadist;  // NOLINT: status constants
+
+namespace {
+
+struct Request {
+  XferRequest wire;
+  std::shared_ptr<CacheEntry> cache;
+  int64_t deadline = 0;
+  std::vector<uint8_t *> bases;  // one per requested tensor, in wire order
+};
+
+// Checks every range against our own table before anything is touched.
+Status CheckRequest(Request *req, const CacheRegistry &caches) {
+  const XferRequest &q = req->wire;
+  // Two views of the requester's deadline, and the earlier wins: the absolute one (its clock plus
+  // the offset measured at link time) still holds if we were frozen before reading this request;
+  // the remaining budget, counted from now, does not drift however long the link has lived.
+  if (q.deadline <= 0 || q.budget <= 0) return LLM_PARAM_INVALID;
+  const int64_t now = NowNs();
+  req->deadline = std::min({q.deadline, now + q.budget, now + kMaxServeNs});
+  req->cache = caches.Find(q.cache_id);
+  if (!req->cache) return LLM_KV_CACHE_NOT_EXIST;
+  const CacheEntry &c = *req->cache;
+  if (q.tensors.empty() || q.tensors.size() > c.num_tensors || q.ranges.empty()) return LLM_PARAM_INVALID;
+  uint64_t per_tensor = 0, end, total;
+  for (const ByteRange &g : q.ranges) {
+    if (g.length == 0 || __builtin_add_overflow(g.offset, g.length, &end) || end > c.tensor_bytes)
+      return LLM_PARAM_INVALID;
+    if (__builtin_add_overflow(per_tensor, g.length, &per_tensor)) return LLM_PARAM_INVALID;
+  }
+  if (__builtin_mul_overflow(per_tensor, uint64_t{q.tensors.size()}, &total) || total != q.total)
+    return LLM_PARAM_INVALID;
+  req->bases.reserve(q.tensors.size());
+  for (uint32_t ti : q.tensors) {
+    if (ti >= c.num_tensors) return LLM_PARAM_INVALID;
+    req->bases.push_back(c.region ? c.region->base + ti * c.pitch : c.tensor(ti));
+  }
+  return LLM_SUCCESS;
+}
+
+// Walks the request's (tensor, range) pairs in wire order and hands them to `io` in batches of
+// IOV_MAX, so the scatter list of even a huge request takes one batch of memory.
+template <typename Io>
+IoResult Stream(const Request &req, const iovec *head, Io &&io) {
+  std::vector<iovec> iov;
+  iov.reserve(IOV_MAX + 1);
+  if (head != nullptr) iov.push_back(*head);
+  for (uint8_t *base : req.bases) {
+    for (const ByteRange &g : req.wire.ranges) {
+      AppendIov(&iov, base + g.offset, g.length);
+      if (iov.size() >= IOV_MAX) {
+        const IoResult r = io(iov.data(), iov.size());
+        if (r != IoResult::kOk) return r;
+        iov.clear();
+      }
+    }
+  }
+  return iov.empty() ? IoResult::kOk : io(iov.data(), iov.size());
+}
+
+bool Reply(int fd, uint16_t type, Status st) {
+  return SendFrame(fd, type, st, nullptr, 0, NowNs() + kFrameNs) == IoResult::kOk;
+}
+
+bool ServeRead(int fd, const Request &req) {
+  uint8_t head[kFrameHeaderBytes];
+  EncodeHeader(FrameHeader{kReadResp, 0, LLM_SUCCESS, req.wire.total}, head);
+  const iovec h{head, sizeof(head)};
+  // Past the requester's deadline it has given up; stop sending and drop the connection.
+  return Stream(req, &h, [&](iovec *v, size_t n) { return SendIov(fd, v, n, req.deadline); }) == IoResult::kOk;
+}
+
+bool ServeWrite(int fd, const Request &req, bool inline_data) {
+  if (!inline_data && SendFrame(fd, kWriteReady, LLM_SUCCESS, nullptr, 0, req.deadline) != IoResult::kOk)
+    return false;
+  // RecvIov re-checks the deadline before every read, so once the pusher's call has returned
+  // (its deadline passed) no further byte lands in the cache.
+  if (Stream(req, nullptr, [&](iovec *v, size_t n) { return RecvIov(fd, v, n, req.deadline); }) != IoResult::kOk)
+    return false;
+  return SendFrame(fd, kWriteDone, LLM_SUCCESS, nullptr, 0, req.deadline) == IoResult::kOk;
+}
+
+// Refuses a write; the announced inline bytes are drained so the channel stays usable. `q.total`
+// is what the peer announced, even when the rest of its request did not decode.
+bool RefuseWrite(int fd, const XferRequest &q, bool inline_data, Status st) {
+  if (!inline_data) return Reply(fd, kWriteReady, st);
+  if (q.total > kMaxInlineWrite) return false;
+  std::string sink(q.total, '\0');
+  if (q.total > 0 && RecvAll(fd, &sink[0], sink.size(), NowNs() + kFrameNs) != IoResult::kOk) return false;
+  return Reply(fd, kWriteDone, st);
+}
+
+// Returns false when the connection must be closed.
+bool ServeRequest(int fd, const FrameHeader &h, const std::string &payload, const CacheRegistry &caches) {
+  Request req;
+  Status st;
+  try {
+    st = Decode(payload, &req.wire) ? CheckRequest(&req, caches) : LLM_PARAM_INVALID;
+  } catch (const std::bad_alloc &) {
+    st = LLM_OUT_OF_MEMORY;
+  }
+  std::unique_ptr<CacheUse> use;
+  if (st == LLM_SUCCESS) {
+    use.reset(new CacheUse(*req.cache));
+    if (!use->ok) st = LLM_KV_CACHE_NOT_EXIST;  // unregistered while we checked
+  }
+  const bool inline_data = (h.flags & kFlagInline) != 0;
+  if (h.type == kReadReq) return st == LLM_SUCCESS ? ServeRead(fd, req) : Reply(fd, kReadResp, st);
+  return st == LLM_SUCCESS ? ServeWrite(fd, req, inline_data) : RefuseWrite(fd, req.wire, inline_data, st);
+}
+
+}  // namespace
+
+void ServeChannel(int fd, Link *link, const CacheRegistry &caches) {
+  std::string payload;
+  for (;;) {
+    FrameHeader h;
+    const IoResult hr = RecvHeader(fd, &h, 0);
+    if (hr != IoResult::kOk) {
+      if (hr == IoResult::kError) SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + kErrorReplyNs);
+      break;
+    }
+    if (h.length > kMaxControlPayload) {
+      SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + kErrorReplyNs);
+      break;
+    }
+    if (RecvPayload(fd, h, &payload, NowNs() + kFrameNs) != IoResult::kOk) break;
+    if (h.type == kReadReq || h.type == kWriteReq) {
+      if (!ServeRequest(fd, h, payload, caches)) break;
+    } else if (!Reply(fd, kError, LLM_PARAM_INVALID)) {
+      break;
+    }
+  }
+  link->ForgetFd(fd);
+}
+
+}  // namespace kvblocks

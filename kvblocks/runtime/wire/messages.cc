@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "wire/messages.h"
+
+#include "wire/codec.h"
+
+namespace kvblocks {
+namespace {
+
+void Put(Writer *w, const PeerIdentity &id) {
+  w->PutBytes(id.boot_id, sizeof(id.boot_id));
+  w->Put<uint64_t>(id.netns);
+  w->Put<uint32_t>(id.pid);
+  w->Put<uint64_t>(id.instance);
+  w->Put<uint64_t>(id.probe_addr);
+  w->Put<uint64_t>(id.probe_value);
+}
+
+void Get(Reader *r, PeerIdentity *id) {
+  r->GetBytes(id->boot_id, sizeof(id->boot_id));
+  id->netns = r->Get<uint64_t>();
+  id->pid = r->Get<uint32_t>();
+  id->instance = r->Get<uint64_t>();
+  id->probe_addr = r->Get<uint64_t>();
+  id->probe_value = r->Get<uint64_t>();
+}
+
+void Put(Writer *w, const LinkInfo &m) {
+  w->Put<uint64_t>(m.capabilities);
+  Put(w, m.identity);
+  w->Put<int64_t>(m.clock_ns);
+  EncodeTable(m.caches, w);
+}
+
+void Get(Reader *r, LinkInfo *m) {
+  m->capabilities = r->Get<uint64_t>();
+  Get(r, &m->identity);
+  m->clock_ns = r->Get<int64_t>();
+  if (r->ok && !DecodeTable(r, &m->caches)) r->ok = false;
+}
+
+template <typename Fn>
+bool DecodeAll(const std::string &in, Fn &&fn) {
+  Reader r(in);
+  fn(&r);
+  return r.done();
+}
+
+}  // namespace
+
+void EncodeHeader(const FrameHeader &h, uint8_t out[kFrameHeaderBytes]) {
+  Writer w;
+  w.Put<uint32_t>(kMagic);
+  w.Put<uint16_t>(h.type);
+  w.Put<uint16_t>(h.flags);
+  w.Put<uint32_t>(h.status);
+  w.Put<uint32_t>(0);
+  w.Put<uint64_t>(h.length);
+  memcpy(out, w.buf.data(), kFrameHeaderBytes);
+}
+
+bool DecodeHeader(const uint8_t in[kFrameHeaderBytes], FrameHeader *h) {
+  Reader r(in, kFrameHeaderBytes);
+  const uint32_t magic = r.Get<uint32_t>();
+  h->type = r.Get<uint16_t>();
+  h->flags = r.Get<uint16_t>();
+  h->status = r.Get<uint32_t>();
+  r.Get<uint32_t>();
+  h->length = r.Get<uint64_t>();
+  return r.done() && magic == kMagic;
+}
+
+void Encode(const Hello &m, std::string *out) {
+  Writer w;
+  w.Put<uint32_t>(m.version);
+  w.Put<uint32_t>(static_cast<uint32_t>(m.kind));
+  w.Put<uint64_t>(m.cluster_id);
+  w.PutBytes(m.nonce, sizeof(m.nonce));
+  w.PutBytes(m.link_token, sizeof(m.link_token));
+  if (m.kind == ConnKind::kCtrl) Put(&w, m.info);
+  *out = std::move(w.buf);
+}
+
+bool Decode(const std::string &in, Hello *m) {
+  return DecodeAll(in, [&](Reader *r) {
+    m->version = r->Get<uint32_t>();
+    const uint32_t kind = r->Get<uint32_t>();
+    if (m->version != kProtocolVersion || kind < 1 || kind > 3) r->ok = false;
+    m->kind = static_cast<ConnKind>(kind);
+    m->cluster_id = r->Get<uint64_t>();
+    r->GetBytes(m->nonce, sizeof(m->nonce));
+    r->GetBytes(m->link_token, sizeof(m->link_token));
+    if (r->ok && m->kind == ConnKind::kCtrl) Get(r, &m->info);
+  });
+}
+
+void Encode(const Challenge &m, std::string *out) {
+  Writer w;
+  w.PutBytes(m.nonce, sizeof(m.nonce));
+  w.Put<uint8_t>(m.auth_required);
+  w.Put<uint8_t>(m.has_proof);
+  w.PutBytes(m.proof, sizeof(m.proof));
+  *out = std::move(w.buf);
+}
+
+bool Decode(const std::string &in, Challenge *m) {
+  return DecodeAll(in, [&](Reader *r) {
+    r->GetBytes(m->nonce, sizeof(m->nonce));
+    m->auth_required = r->Get<uint8_t>() != 0;
+    m->has_proof = r->Get<uint8_t>() != 0;
+    r->GetBytes(m->proof, sizeof(m->proof));
+  });
+}
+
+void Encode(const AuthProof &m, std::string *out) {
+  Writer w;
+  w.Put<uint8_t>(m.has_proof);
+  w.PutBytes(m.proof, sizeof(m.proof));
+  *out = std::move(w.buf);
+}
+
+bool Decode(const std::string &in, AuthProof *m) {
+  return DecodeAll(in, [&](Reader *r) {
+    m->has_proof = r->Get<uint8_t>() == 1;
+    r->GetBytes(m->proof, sizeof(m->proof));
+  });
+}
+
+void Encode(const HelloAck &m, std::string *out) {
+  Writer w;
+  w.Put<uint64_t>(m.cluster_id);
+  w.PutBytes(m.link_token, sizeof(m.link_token));
+  Put(&w, m.info);
+  *out = std::move(w.buf);
+}
+
+bool Decode(const std::string &in, HelloAck *m) {
+  return DecodeAll(in, [&](Reader *r) {
+    m->cluster_id = r->Get<uint64_t>();
+    r->GetBytes(m->link_token, sizeof(m->link_token));
+    Get(r, &m->info);
+  });
+}
+
+void Encode(const Confirm &m, std::string *out) {
+  Writer w;
+  w.Put<int64_t>(m.clock_offset_ns);
+  *out = std::move(w.buf);
+}
+
+bool Decode(const std::string &in, Confirm *m) {
+  return DecodeAll(in, [&](Reader *r) { m->clock_offset_ns = r->Get<int64_t>(); });
+}
+
+void Encode(const CacheRef &m, std::string *out) {
+  Writer w;
+  w.Put<int64_t>(m.cache_id);
+  *out = std::move(w.buf);
+}
+
+bool Decode(const std::string &in, CacheRef *m) {
+  return DecodeAll(in, [&](Reader *r) { m->cache_id = r->Get<int64_t>(); });
+}
+
+void Encode(const XferRequest &m, std::string *out) {
+  Writer w;
+  w.buf.reserve(40 + m.tensors.size() * 4 + m.ranges.size() * 16);
+  w.Put<int64_t>(m.cache_id);
+  w.Put<int64_t>(m.deadline);
+  w.Put<int64_t>(m.budget);
+  w.Put<uint32_t>(static_cast<uint32_t>(m.tensors.size()));
+  w.Put<uint32_t>(static_cast<uint32_t>(m.ranges.size()));
+  w.Put<uint64_t>(m.total);
+  for (uint32_t t : m.tensors) w.Put<uint32_t>(t);
+  for (const ByteRange &g : m.ranges) {
+    w.Put<uint64_t>(g.offset);
+    w.Put<uint64_t>(g.length);
+  }
+  *out = std::move(w.buf);
+}
+
+bool Decode(const std::string &in, XferRequest *m) {
+  return DecodeAll(in, [&](Reader *r) {
+    m->cache_id = r->Get<int64_t>();
+    m->deadline = r->Get<int64_t>();
+    m->budget = r->Get<int64_t>();
+    const uint32_t nt = r->Get<uint32_t>();
+    const uint32_t nr = r->Get<uint32_t>();
+    m->total = r->Get<uint64_t>();
+    // Allocate only what the payload really holds: the counts are the peer's word.
+    if (!r->ok || r->left() != uint64_t{nt} * 4 + uint64_t{nr} * 16) return void(r->ok = false);
+    m->tensors.resize(nt);
+    for (uint32_t &t : m->tensors) t = r->Get<uint32_t>();
+    m->ranges.resize(nr);
+    for (ByteRange &g : m->ranges) {
+      g.offset = r->Get<uint64_t>();
+      g.length = r->Get<uint64_t>();
+    }
+  });
+}
+
+}  // namespace kvblocks
