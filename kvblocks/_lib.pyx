@@ -27,11 +27,13 @@ include "_blocks.pxi"
 
 
 cdef int check_status(Status st, const char* what) except -1 nogil:
-    """Returns 0 on LLM_SUCCESS; otherwise takes the GIL and raises the mapped exception."""
+    """Returns 0 on LLM_SUCCESS; otherwise takes the GIL and raises the mapped exception, with the
+    runtime's reason for this thread's last call (``kvblocks::LastErrorMessage``)."""
     if st == LLM_SUCCESS:
         return 0
+    cdef const char* detail = LastErrorMessage()
     with gil:
-        raise _errors.exception_for(st, what.decode())
+        raise _errors.exception_for(st, what.decode(), detail.decode("utf-8", "replace"))
 
 
 cdef inline object _raise_param(str what, str detail):
@@ -262,7 +264,7 @@ cdef class LlmDataDist:
                     raise ValueError("addresses must be >= 0")
                 a.push_back(x)
             if a.empty():
-                check_status(LLM_PARAM_INVALID, b"register_kv_cache")
+                _raise_param("register_kv_cache", "addrs is empty")
         cdef CCache out
         cdef Status st
         with nogil:
@@ -515,9 +517,7 @@ cdef Status pull_blocks_nogil(CLlmDataDist* dd, uint64_t src_cluster_id, int64_t
     ext.src_layer_range = c_pair[int32_t, int32_t](src_first, src_last)
     ext.dst_layer_range = c_pair[int32_t, int32_t](dst_first, dst_last)
     ext.tensor_num_per_layer = tensor_num_per_layer
-    cdef vector[uint64_t] s = vector[uint64_t](<uint64_t*>src_blocks, <uint64_t*>src_blocks + n)
-    cdef vector[uint64_t] d = vector[uint64_t](<uint64_t*>dst_blocks, <uint64_t*>dst_blocks + n)
-    return dd.PullKvBlocks(idx, c, s, d, ext)
+    return PullBlocksRaw(dd[0], idx, c, src_blocks, dst_blocks, n, ext)
 
 
 cdef Status push_blocks_nogil(CLlmDataDist* dd, int64_t src_cache_id, uint32_t src_num_tensors,
@@ -536,6 +536,4 @@ cdef Status push_blocks_nogil(CLlmDataDist* dd, int64_t src_cache_id, uint32_t s
     ext.src_layer_range = c_pair[int32_t, int32_t](src_first, src_last)
     ext.dst_layer_range = c_pair[int32_t, int32_t](dst_first, dst_last)
     ext.tensor_num_per_layer = tensor_num_per_layer
-    cdef vector[uint64_t] s = vector[uint64_t](<uint64_t*>src_blocks, <uint64_t*>src_blocks + n)
-    cdef vector[uint64_t] d = vector[uint64_t](<uint64_t*>dst_blocks, <uint64_t*>dst_blocks + n)
-    return dd.PushKvBlocks(c, idx, s, d, ext)
+    return PushBlocksRaw(dd[0], c, idx, src_blocks, dst_blocks, n, ext)

@@ -42,4 +42,31 @@ struct ImplAccess {
 }  // namespace kvblocks
 #endif
 
+namespace kvblocks {
+// Transfers from raw block arrays for nogil callers (the cimport API): never throw, so an
+// allocation failure is a status, not a crash.
+inline llm_datadist::Status PullBlocksRaw(llm_datadist::LlmDataDist &dd, const llm_datadist::CacheIndex &src,
+                                          const llm_datadist::Cache &dst, const uint64_t *sb, const uint64_t *db,
+                                          size_t n, const llm_datadist::KvCacheExtParam &ext) noexcept {
+  try {
+    return dd.PullKvBlocks(src, dst, std::vector<uint64_t>(sb, sb + n), std::vector<uint64_t>(db, db + n), ext);
+  } catch (const std::bad_alloc &) {
+    return llm_datadist::LLM_OUT_OF_MEMORY;
+  } catch (...) {
+    return llm_datadist::LLM_FAILED;
+  }
+}
+inline llm_datadist::Status PushBlocksRaw(llm_datadist::LlmDataDist &dd, const llm_datadist::Cache &src,
+                                          const llm_datadist::CacheIndex &dst, const uint64_t *sb, const uint64_t *db,
+                                          size_t n, const llm_datadist::KvCacheExtParam &ext) noexcept {
+  try {
+    return dd.PushKvBlocks(src, dst, std::vector<uint64_t>(sb, sb + n), std::vector<uint64_t>(db, db + n), ext);
+  } catch (const std::bad_alloc &) {
+    return llm_datadist::LLM_OUT_OF_MEMORY;
+  } catch (...) {
+    return llm_datadist::LLM_FAILED;
+  }
+}
+}  // namespace kvblocks
+
 #endif  // KVBLOCKS_EXT_SHIM_H_

@@ -140,6 +140,13 @@ cdef extern from "kvblocks/rules.h" namespace "kvblocks" nogil:
 
 
 cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
+    const char* LastErrorMessage "kvblocks::LastErrorMessage"() noexcept
+    Status PullBlocksRaw "kvblocks::PullBlocksRaw"(CLlmDataDist& dd, const CCacheIndex& src, const CCache& dst,
+                                                   const uint64_t* sb, const uint64_t* db, size_t n,
+                                                   const CKvCacheExtParam& ext) noexcept
+    Status PushBlocksRaw "kvblocks::PushBlocksRaw"(CLlmDataDist& dd, const CCache& src, const CCacheIndex& dst,
+                                                   const uint64_t* sb, const uint64_t* db, size_t n,
+                                                   const CKvCacheExtParam& ext) noexcept
     const char* C_OPTION_TRANSPORT "kvblocks::OPTION_TRANSPORT"
     const char* C_OPTION_AUTH_TOKEN "kvblocks::OPTION_AUTH_TOKEN"
     const char* C_OPTION_ROLE_CHECK "kvblocks::OPTION_ROLE_CHECK"

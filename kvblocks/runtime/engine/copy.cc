@@ -2,6 +2,7 @@
 // CopyKvBlocks / CopyKvCache between two caches of this engine (CANN V1 rules).
 #include <algorithm>
 #include <memory>
+#include <string>
 
 #include "common/error.h"
 #include "engine/engine.h"
@@ -13,10 +14,11 @@ namespace kvblocks {
 namespace {
 uint8_t *const *Tensors(const CacheEntry &c) { return reinterpret_cast<uint8_t *const *>(c.addrs.data()); }
 
-Status CheckIndexList(const char *name, const std::vector<uint64_t> &v, const CacheEntry &c) {
+// `name` is printf-formatted with the list's own index first, e.g. "dst_blocks_list[%zu]".
+Status CheckIndexList(const std::string &name, const std::vector<uint64_t> &v, const CacheEntry &c) {
   const size_t i = FirstOutOfRange(v.data(), v.size(), c.num_blocks);
   if (i == v.size()) return LLM_SUCCESS;
-  return Fail(LLM_PARAM_INVALID, "%s=%llu is out of range for cache %lld (%llu blocks)", name,
+  return Fail(LLM_PARAM_INVALID, "%s[%zu]=%llu is out of range for cache %lld (%llu blocks)", name.c_str(), i,
               static_cast<unsigned long long>(v[i]), static_cast<long long>(c.id),
               static_cast<unsigned long long>(c.num_blocks));
 }
@@ -37,12 +39,12 @@ Status Impl::CopyBlocks(const Cache &src, const Cache &dst, const std::vector<ui
   if (s->desc.placement == CachePlacement::kHost && d->desc.placement == CachePlacement::kHost)
     return Fail(LLM_PARAM_INVALID, "host-to-host block copies are not supported (CANN)");
   Status st;
-  if ((st = CheckIndexList("src_blocks[i]", src_blocks, *s)) != LLM_SUCCESS) return st;
+  if ((st = CheckIndexList("src_blocks", src_blocks, *s)) != LLM_SUCCESS) return st;
   for (size_t k = 0; k < dst_lists.size(); ++k) {
     if (dst_lists[k].size() != src_blocks.size())
       return Fail(LLM_PARAM_INVALID, "dst_blocks_list[%zu] has %zu entries, src_blocks %zu", k, dst_lists[k].size(),
                   src_blocks.size());
-    if ((st = CheckIndexList("dst_blocks_list[k][i]", dst_lists[k], *d)) != LLM_SUCCESS) return st;
+    if ((st = CheckIndexList("dst_blocks_list[" + std::to_string(k) + "]", dst_lists[k], *d)) != LLM_SUCCESS) return st;
   }
   CacheUse us(*s);
   std::unique_ptr<CacheUse> ud(d != s ? new CacheUse(*d) : nullptr);

@@ -258,7 +258,7 @@ int ListenTcp(const std::string &ip, uint32_t port, Status *st) {
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (bind(fd, reinterpret_cast<sockaddr *>(&ss), len) != 0 || listen(fd, 128) != 0) {
     const int err = errno;
-    LogWarn("cannot listen on %s:%u: %s", ip.c_str(), port, strerror(err));
+    LogInfo("cannot listen on %s:%u: %s", ip.c_str(), port, strerror(err));
     close(fd);
     *st = Fail(LLM_FAILED, "listen %s:%u: %s", ip.c_str(), port, strerror(err));
     return -1;
