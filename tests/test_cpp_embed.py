@@ -12,6 +12,7 @@ import tempfile
 import pytest
 
 import kvblocks
+from procs import run_together
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CPP = os.path.join(HERE, "cpp")
@@ -64,17 +65,7 @@ def test_prompt_and_decoder_processes(programs, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}  # the rpath'd library only
-    procs = [subprocess.Popen([programs[n], str(port), str(tmp_path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=env) for n in ("prompt", "decoder")]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=90)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for name, p, out in zip(("prompt", "decoder"), procs, outs):
-        assert p.returncode == 0, f"{name} exited {p.returncode}:\n{out}"
+    # If one program fails, run_together fails at once instead of waiting for the other's barrier timeout.
+    outs = run_together([[programs[n], str(port), str(tmp_path)] for n in ("prompt", "decoder")], 90,
+                        ["prompt", "decoder"], env=env)
     assert "pull verified" in outs[1] and "push verified" in outs[1]
