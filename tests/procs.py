@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Helpers to start tests/peer.py as a real second process and talk to it."""
+"""Helpers for tests with real second processes: tests/peer.py driven over stdin/stdout (Peer), and
+process pairs run side by side (run_together). Both fail as soon as a process they wait for dies."""
 import json
 import os
 import select
