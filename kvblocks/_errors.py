@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Status codes and the one status -> exception mapping used by every kvblocks call."""
+"""The status table (the one Python copy of the C++ header's ``LLM_*`` constants) and the one
+status -> exception mapping used by every kvblocks call."""
 from __future__ import annotations
 
 import enum
@@ -79,7 +80,7 @@ class FeatureNotEnabledError(LLMException, NotImplementedError):
     """``LLM_FEATURE_NOT_ENABLED``."""
 
 
-_CLASS_BY_STATUS = {
+_CLASS_BY_STATUS: dict[int, type[LLMException]] = {
     Status.LLM_PARAM_INVALID: ParamInvalidError,
     Status.LLM_KV_CACHE_NOT_EXIST: CacheNotExistError,
     Status.LLM_TIMEOUT: LLMTimeoutError,

@@ -5,10 +5,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 import kvblocks
+from procs import run_together
 
 np = pytest.importorskip("numpy")
 
@@ -29,26 +31,12 @@ def _env():
 
 
 def run_processes(sample, arg_lists, tmp_path, timeout=90):
-    """Starts one `python -m kvblocks.compat sample ...` per arg list; all must exit 0."""
-    procs = []
-    for args in arg_lists:
-        cmd = [sys.executable, "-m", "kvblocks.compat", os.path.join(SAMPLES, sample), *map(str, args),
-               "--sync", str(tmp_path)]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(),
-                                      cwd=str(tmp_path), text=True))
-    outs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=timeout)
-            outs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for p, args, out in zip(procs, arg_lists, outs):
-        assert p.returncode == 0, f"{sample} {args} exited {p.returncode}:\n{out}"
-    return outs
+    """Runs one `python -m kvblocks.compat sample ...` per arg list; all must exit 0. One that fails
+    fails the test at once (the others would wait out their barrier timeouts for it)."""
+    cmds = [[sys.executable, "-m", "kvblocks.compat", os.path.join(SAMPLES, sample), *map(str, args),
+             "--sync", str(tmp_path)] for args in arg_lists]
+    names = [f"{sample} {' '.join(map(str, args))}" for args in arg_lists]
+    return run_together(cmds, timeout, names, env=_env(), cwd=str(tmp_path))
 
 
 def test_decoder_links_and_pulls(tmp_path):
@@ -85,6 +73,21 @@ def test_mutual_link_pull_while_push(tmp_path):
     outs = run_processes("mutual_link_sample.py", [["--side", "a", "--ports", pa, pb],
                                                    ["--side", "b", "--ports", pa, pb]], tmp_path)
     assert all("all data verified" in o for o in outs)
+
+
+def test_a_failing_sample_fails_the_test_at_once(tmp_path):
+    # The decoder raises at start (its port is out of range); the prompt would wait 60 s for it. The
+    # harness notices the exit and fails within seconds, naming the process, its exit code and error.
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(AssertionError) as e:
+        run_processes("pull_blocks_sample.py", [["--role", "prompt", "--port", port],
+                                                ["--role", "decoder", "--port", 70000]], tmp_path)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 10, elapsed
+    msg = str(e.value)
+    assert msg.startswith("pull_blocks_sample.py --role decoder --port 70000 exit code 1:\n"), msg
+    assert "Traceback" in msg and "70000" in msg, msg
 
 
 def test_samples_pass_mypy_strict(tmp_path):

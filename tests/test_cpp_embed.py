@@ -12,6 +12,7 @@ import tempfile
 import pytest
 
 import kvblocks
+from procs import run_together
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CPP = os.path.join(HERE, "cpp")
@@ -27,17 +28,22 @@ def _env():
 
 
 def flags():
+    """``python -m kvblocks --cflags --libs``, checked to name the headers and the library of the kvblocks
+    this process imported (the one under test), so the programs are built and run against it."""
     out = subprocess.run([sys.executable, "-m", "kvblocks", "--cflags", "--libs"], capture_output=True, text=True,
                          check=True, env=_env(), timeout=60, cwd=tempfile.gettempdir()).stdout
-    return shlex.split(out)
+    f = shlex.split(out)
+    inc, lib = kvblocks.get_include(), kvblocks.get_library_dir()
+    assert os.path.isfile(os.path.join(inc, "llm_datadist", "llm_datadist.h")), inc
+    assert os.path.isfile(os.path.join(lib, "libllm_datadist.so")), lib
+    assert f"-I{inc}" in f and "-lllm_datadist" in f and f"-L{lib}" in f and f"-Wl,-rpath,{lib}" in f, \
+        f"flags {f} are not those of the imported kvblocks ({kvblocks.__file__})"
+    assert not [x for x in f if x.startswith(("-I", "-L")) and x not in (f"-I{inc}", f"-L{lib}")], f
+    return f
 
 
 def test_paths_and_flags():
-    inc = kvblocks.get_include()
-    assert os.path.isfile(os.path.join(inc, "llm_datadist", "llm_datadist.h"))
-    assert os.path.isfile(os.path.join(kvblocks.get_library_dir(), "libllm_datadist.so"))
-    f = flags()
-    assert f"-I{inc}" in f and "-lllm_datadist" in f and f"-L{kvblocks.get_library_dir()}" in f
+    flags()
 
 
 @pytest.fixture(scope="module")
@@ -58,17 +64,8 @@ def test_prompt_and_decoder_processes(programs, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([programs[n], str(port), str(tmp_path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for n in ("prompt", "decoder")]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=90)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for name, p, out in zip(("prompt", "decoder"), procs, outs):
-        assert p.returncode == 0, f"{name} exited {p.returncode}:\n{out}"
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}  # the rpath'd library only
+    # If one program fails, run_together fails at once instead of waiting for the other's barrier timeout.
+    outs = run_together([[programs[n], str(port), str(tmp_path)] for n in ("prompt", "decoder")], 90,
+                        ["prompt", "decoder"], env=env)
     assert "pull verified" in outs[1] and "push verified" in outs[1]

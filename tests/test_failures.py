@@ -13,7 +13,7 @@ import pytest
 import kvblocks as kb
 from conftest import cluster, free_port
 from peer import pattern
-from procs import Peer, read_process_memory
+from procs import Peer, PeerError, read_process_memory
 
 # 32 tensors x 64 blocks x 64 KiB = 128 MiB per call: long enough to freeze mid-stream.
 TENSORS, BLOCKS, BB = 32, 64, 64 * 1024
@@ -204,4 +204,42 @@ def test_finalize_during_transfers_on_other_threads(transport):
         me.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_TRANSPORT: transport})
     finally:
         me.finalize()
+        peer.close()
+
+
+# ---------------------------------------------------------------- the harness itself: a dead peer fails fast
+def _peer_failure(**kw):
+    t0 = time.monotonic()
+    with pytest.raises(PeerError) as e:
+        Peer(1, **kw)
+    return str(e.value), time.monotonic() - t0
+
+
+def test_peer_that_raises_at_start_fails_the_test_at_once():
+    msg, elapsed = _peer_failure(role="NO_SUCH_ROLE")  # peer.py raises KeyError before it is ready
+    assert elapsed < 10, elapsed
+    assert "exit code 1" in msg and "KeyError" in msg and "NO_SUCH_ROLE" in msg, msg
+
+
+def test_peer_killed_at_start_fails_the_test_at_once():
+    msg, elapsed = _peer_failure(argv=["-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    assert elapsed < 10, elapsed
+    assert "killed by signal 9" in msg, msg
+
+
+def test_silent_peer_fails_after_the_start_timeout():
+    msg, elapsed = _peer_failure(argv=["-c", "import time; time.sleep(60)"], start_timeout=1)
+    assert 1 <= elapsed < 10, elapsed
+    assert "did not answer to start within 1 s" in msg, msg
+
+
+def test_peer_that_dies_during_a_call_fails_the_call_at_once():
+    peer = Peer(1)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(PeerError) as e:
+            peer.call(op="pull")  # no "cluster": a KeyError outside the LLMException handler kills peer.py
+        assert time.monotonic() - t0 < 10
+        assert "exit code 1" in str(e.value) and "KeyError" in str(e.value), str(e.value)
+    finally:
         peer.close()

@@ -3,9 +3,9 @@
 
 The Cython layer checks block lists itself before it calls the runtime (issue 2 §3); this test
 keeps that second implementation honest. Each case is one line of a small command language that
-tests/parity_harness.cc runs against ``llm_datadist/llm_datadist.h`` (compiled with
-``g++ $(python -m kvblocks --cflags --libs)``) and that :class:`PyRunner` runs against
-``kvblocks``. Both print ``<status>[ <rets>] <hash>`` per line, where the hash covers P's and
+tests/parity_harness.cc runs against ``llm_datadist/llm_datadist.h`` (built with the headers and
+``libllm_datadist.so`` of the kvblocks this process imported, see :func:`harness_flags`) and that
+:class:`PyRunner` runs against ``kvblocks``. Both print ``<status>[ <rets>] <hash>`` per line, where the hash covers P's and
 D's cache bytes, so the two APIs must also leave the same data behind.
 
 Commands (cache refs: P = P's cache, D = D's cache, H = P's HOST-placed cache, L = P's cache
@@ -486,18 +486,43 @@ class PyRunner:
 
 
 # ---------------------------------------------------------------- running both
+def harness_flags():
+    """g++ flags for the kvblocks this process imported: its headers, its libllm_datadist.so, rpath'd
+    (DT_RPATH, which LD_LIBRARY_PATH cannot override) -- not whatever ``python -m kvblocks`` finds."""
+    inc, lib = kb.get_include(), kb.get_library_dir()
+    header = os.path.join(inc, "llm_datadist", "llm_datadist.h")
+    so = os.path.join(lib, "libllm_datadist.so")
+    assert os.path.isfile(header), f"the imported kvblocks ({kb.__file__}) has no {header}"
+    assert os.path.isfile(so), f"the imported kvblocks ({kb.__file__}) has no {so}"
+    return [f"-I{inc}", "-std=c++17", f"-L{lib}", "-Wl,--disable-new-dtags", f"-Wl,-rpath,{lib}",
+            "-lllm_datadist", "-lpthread"]
+
+
+def _assert_links_to_tested_library(exe):
+    """The harness resolves libllm_datadist.so to the imported kvblocks' copy (checked with ldd)."""
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        return
+    out = subprocess.run([ldd, exe], capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}).stdout
+    want = os.path.realpath(os.path.join(kb.get_library_dir(), "libllm_datadist.so"))
+    got = [ln.split("=>")[1].split("(")[0].strip() for ln in out.splitlines()
+           if "libllm_datadist.so" in ln and "=>" in ln]
+    assert got and all(os.path.realpath(g) == want for g in got), out
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ is not installed")
-    flags = subprocess.run([sys.executable, "-m", "kvblocks", "--cflags", "--libs"], cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True,
-                           text=True, check=True).stdout.split()
     exe = str(tmp_path_factory.mktemp("parity") / "parity_harness")
-    build = subprocess.run([gxx, "-O1", "-o", exe, HARNESS] + flags, capture_output=True, text=True)
+    build = subprocess.run([gxx, "-O1", "-o", exe, HARNESS] + harness_flags(), capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
+    _assert_links_to_tested_library(exe)
     script = "\n".join(cmd for _, cmd in CASES) + "\n"
-    proc = subprocess.run([exe], input=script, capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    proc = subprocess.run([exe], input=script, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     cpp = proc.stdout.splitlines()
     assert len(cpp) == len(CASES), proc.stdout + proc.stderr
@@ -522,8 +547,17 @@ def _status_name(line):
         return line
 
 
+def _stray_divergent_labels(divergent):
+    """Labels of ``divergent`` that name no case, or that give no reason."""
+    labels = {label for label, _ in CASES}
+    return sorted(k for k, why in divergent.items() if k not in labels or not (isinstance(why, str) and why))
+
+
 def test_known_divergent_labels_exist():
-    assert set(KNOWN_DIVERGENT) <= {label for label, _ in CASES}
+    # KNOWN_DIVERGENT is usually empty, so first show that the check catches a stray entry.
+    assert _stray_divergent_labels({"c33": "reason", "no-such-case": "reason", "c34": ""}) == ["c34", "no-such-case"]
+    assert isinstance(KNOWN_DIVERGENT, dict)
+    assert _stray_divergent_labels(KNOWN_DIVERGENT) == []
 
 
 @pytest.mark.parametrize("label", [

@@ -3,7 +3,9 @@
 APIs that CANN V1 and V2 disable (kvblocks implements all of them)."""
 import gc
 import os
+import signal
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ import kvblocks as kb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import cluster, free_port  # noqa: E402
+from procs import Peer  # noqa: E402
 from test_spec_pull import NT, SHAPE, Spec, make_arrays, register  # noqa: E402
 
 S = kb.Status
@@ -63,8 +66,60 @@ def test_case7_bad_sync_wait_time(dd, value):
         S.LLM_PARAM_INVALID
 
 
+def _wait_stopped(pid, timeout=5.0):
+    """Returns once every thread of ``pid`` is stopped (SIGSTOP is delivered asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                continue
+        if states and all(st in "tT" for st in states):
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} did not stop")
+
+
+def _timed_pull_from_frozen_peer(peer, port, my_cluster, wait_ms):
+    """Seconds a pull from the SIGSTOPped ``peer`` takes under ``llm.SyncKvCacheWaitTime`` = wait_ms."""
+    me = kb.LlmDataDist(my_cluster, kb.LlmRole.DECODER)
+    try:
+        me.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_TRANSPORT: "tcp",
+                       kb.OPTION_SYNC_CACHE_WAIT_TIME: str(wait_ms)})
+        cache = me.allocate_cache(kb.CacheDesc(1, kb.DataType.DT_UINT8, [4, 64]))
+        assert me.link_llm_clusters([cluster(1, port)]) == [S.LLM_SUCCESS]
+        idx = kb.CacheIndex(1, peer.info["reg"])
+        me.pull_kv_blocks(idx, cache, [0], [0])  # the link works (and the peer's cache table is fetched)
+        os.kill(peer.info["pid"], signal.SIGSTOP)
+        try:
+            _wait_stopped(peer.info["pid"])
+            t0 = time.monotonic()
+            st = status_of(me.pull_kv_blocks, idx, cache, [1], [1])
+            elapsed = time.monotonic() - t0
+        finally:
+            os.kill(peer.info["pid"], signal.SIGCONT)
+        assert st == S.LLM_TIMEOUT, S(st).name
+        return elapsed
+    finally:
+        me.finalize()
+
+
 def test_case7_sync_wait_time_ok(dd):
     dd.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_SYNC_CACHE_WAIT_TIME: "3000"})
+    # The option is the transfer deadline: a pull from a frozen peer gives up after it, not after the
+    # default 1000 ms, and a longer wait takes longer.
+    port = free_port()
+    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="tcp", tensors=1, blocks=4, block_bytes=64)
+    try:
+        short = _timed_pull_from_frozen_peer(peer, port, 2, 200)
+        long = _timed_pull_from_frozen_peer(peer, port, 3, 1500)
+    finally:
+        peer.close()
+    assert 0.19 <= short <= 0.2 + 0.5, short
+    assert 1.49 <= long <= 1.5 + 0.5, long
 
 
 def test_case7_transfer_backend_must_be_hixl(dd):
@@ -174,9 +229,18 @@ def test_case12_allocate_and_copy_are_implemented(dd):
     a = dd.allocate_cache(DESC)
     b = dd.allocate_cache(DESC)
     assert 1 <= a.cache_id < b.cache_id
-    a.numpy(0)[:] = 7
-    dd.copy_kv_blocks(a, b, [0, 2], [[1, 3]])
-    dd.copy_kv_cache(a, b, 1, 0)
+    src, dst = make_arrays(NT, SHAPE, +1), make_arrays(NT, SHAPE, -1)
+    for t in range(NT):
+        a.numpy(t)[:] = src[t]
+        b.numpy(t)[:] = dst[t]
+    want = dst.copy()
+    dd.copy_kv_blocks(a, b, [0, 2], [[1, 3]])  # block 0 -> 1 and 2 -> 3, every tensor
+    want[:, 1], want[:, 3] = src[:, 0], src[:, 2]
+    np.testing.assert_array_equal(np.stack([b.numpy(t) for t in range(NT)]), want)
+    dd.copy_kv_cache(a, b, 1, 0)  # batch row 1 -> row 0, every tensor
+    want[:, 0] = src[:, 1]
+    np.testing.assert_array_equal(np.stack([b.numpy(t) for t in range(NT)]), want)
+    np.testing.assert_array_equal(np.stack([a.numpy(t) for t in range(NT)]), src)
     dd.deallocate_cache(a)
     dd.deallocate_cache(b.cache_id)
 

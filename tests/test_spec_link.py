@@ -146,11 +146,28 @@ def test_case30_set_role_invalid(pair):
     assert pair.d.role == kb.LlmRole.DECODER
 
 
-def test_case31_set_role_without_enable_option(pair):
+def test_case31_set_role_without_enable_option():
     # CANN V1 answers LLM_FEATURE_NOT_ENABLED without OPTION_ENABLE_SET_ROLE="1"; kvblocks follows
-    # V2 (issue 2): SetRole works without it.
-    pair.d.set_role(kb.LlmRole.MIX)
-    pair.d.set_role(kb.LlmRole.DECODER)
+    # V2 (issue 2): SetRole works without it. The new role is the one the runtime enforces: with the
+    # default kvblocks.RoleCheck a Prompt may not pull, a Mix or Decoder may.
+    s = Spec(link=False)
+    try:
+        assert s.d.role == kb.LlmRole.DECODER
+        s.d.set_role(kb.LlmRole.PROMPT)
+        assert s.d.role == kb.LlmRole.PROMPT
+        s.link()
+        expect(s, S.LLM_PARAM_INVALID, s.pull, [0], [0])
+        assert s.d.unlink_llm_clusters([cluster(1, s.pair.port)]) == [S.LLM_SUCCESS]
+        s.d.set_role(kb.LlmRole.MIX)
+        assert s.d.role == kb.LlmRole.MIX
+        s.link()
+        s.pull([1], [1])
+        assert (s.da[:, 1] == s.pa[:, 1]).all()
+        assert s.d.unlink_llm_clusters([cluster(1, s.pair.port)]) == [S.LLM_SUCCESS]
+        s.d.set_role(kb.LlmRole.DECODER)
+        assert s.d.role == kb.LlmRole.DECODER
+    finally:
+        s.close()
 
 
 @pytest.mark.parametrize("force", [True, False])

@@ -131,3 +131,50 @@ def test_exception_mapping(status):
     assert isinstance(e, kb.LLMException) and isinstance(e, RuntimeError)
     assert e.status_code == status
     assert S(status).name in str(e)
+
+
+def _header_statuses():
+    """``constexpr Status LLM_X = 0x...U;`` from the installed llm_datadist.h, in header order."""
+    import os
+    import re
+
+    path = os.path.join(kb.get_include(), "llm_datadist", "llm_datadist.h")
+    with open(path) as f:
+        text = f.read()
+    found = re.findall(r"^\s*constexpr\s+Status\s+(LLM_\w+)\s*=\s*(0[xX][0-9A-Fa-f]+|\d+)[uU]?\s*;", text, re.M)
+    return [(name, int(v, 0)) for name, v in found]
+
+
+def test_status_table_matches_cpp_header():
+    # The C++ constants and the Python enum are the same table: same names, values and order.
+    assert _header_statuses() == [(m.name, int(m)) for m in S]
+
+
+def test_compat_status_codes_derive_from_the_table():
+    # llm_datadist.LLMStatusCode is kvblocks.Status under CANN's Python spellings, less the codes CANN's
+    # enum lacks, plus CANN's Python-only codes; a new kvblocks status must be placed in one or the other.
+    from kvblocks.llm_datadist import status as ld_status
+
+    renamed = {"LLM_WAIT_PROC_TIMEOUT": "LLM_WAIT_PROCESS_TIMEOUT", "LLM_SEQ_LEN_OVER_LIMIT": "LLM_SEQ_LENOVERLIMIT"}
+    python_only = {"LLM_DEVICE_MEM_ERROR": 507053, "LLM_SUSPECT_REMOTE_ERROR": 507057, "LLM_UNKNOWN_ERROR": -1}
+    omitted = {"LLM_CACHE_INCOMPATIBLE", "LLM_CACHE_KEY_ALREADY_EXIST", "LLM_COPY_CACHE_FAILED",
+               "LLM_CACHE_ID_ALREADY_EXIST"}
+    assert {m.name for m in ld_status._NOT_IN_CANN_PYTHON} == omitted
+    want = [(renamed.get(m.name, m.name), int(m)) for m in S if m.name not in omitted] + list(python_only.items())
+    assert [(m.name, int(m)) for m in ld_status.LLMStatusCode] == want
+    assert not set(ld_status.LLMStatusCode.__members__) - {n for n, _ in want}  # no aliases either
+
+
+def test_status_enums_are_typed_for_mypy(tmp_path):
+    # kvblocks ships no stub for the status table: mypy --strict must see the members from the .py files.
+    pytest.importorskip("mypy")
+    import subprocess
+    import sys
+
+    code = ("import kvblocks as kb\nfrom kvblocks.llm_datadist import LLMStatusCode\n"
+            "a: kb.Status = kb.Status.LLM_SEQ_LEN_OVER_LIMIT\nb: LLMStatusCode = LLMStatusCode.LLM_SEQ_LENOVERLIMIT\n"
+            "c: int = a.value + b.value\nd: kb.LLMException = kb._errors.exception_for(a, 'op', 'detail')\n")
+    r = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir", "/dev/null",
+                        "--python-executable", sys.executable, "-c", code],
+                       capture_output=True, text=True, cwd=str(tmp_path), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
