@@ -38,21 +38,18 @@ void Emit(const char *tag, const char *fmt, va_list ap) {
 }
 }  // namespace
 
-void LogWarn(const char *fmt, ...) {
-  if (LogLevel() < 1) return;
-  va_list ap;
-  va_start(ap, fmt);
-  Emit("WARN", fmt, ap);
-  va_end(ap);
-}
+#define KVBLOCKS_LOG(min_level, tag)   \
+  do {                                 \
+    if (LogLevel() < (min_level)) return; \
+    va_list ap;                        \
+    va_start(ap, fmt);                 \
+    Emit(tag, fmt, ap);                \
+    va_end(ap);                        \
+  } while (0)
 
-void LogInfo(const char *fmt, ...) {
-  if (LogLevel() < 2) return;
-  va_list ap;
-  va_start(ap, fmt);
-  Emit("INFO", fmt, ap);
-  va_end(ap);
-}
+void LogWarn(const char *fmt, ...) { KVBLOCKS_LOG(1, "WARN"); }
+void LogInfo(const char *fmt, ...) { KVBLOCKS_LOG(2, "INFO"); }
+#undef KVBLOCKS_LOG
 
 bool ParseUint(const std::string &s, uint64_t max, uint64_t *out) {
   if (s.empty() || s.size() > 20) return false;

@@ -57,6 +57,34 @@ Status BadSpan(const KvCacheExtParam &ext, uint32_t local_tensors) {
               ext.dst_layer_range.first, ext.dst_layer_range.second, ext.tensor_num_per_layer, local_tensors);
 }
 
+Status PullSpan(const KvCacheExtParam &ext, const CacheEntry &lc, bool *explicit_range, TensorSpan *span) {
+  if (PullTensorSpan(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
+                     ext.dst_layer_range.second, ext.tensor_num_per_layer, lc.num_tensors, explicit_range,
+                     span) == RuleError::kOk)
+    return LLM_SUCCESS;
+  return BadSpan(ext, lc.num_tensors);
+}
+
+Status CheckPushSource(const Cache &src) {
+  if (src.cache_desc.placement == CachePlacement::kDevice) return LLM_SUCCESS;
+  return Fail(LLM_PARAM_INVALID, "src_cache must be placed on DEVICE to push");
+}
+
+Status CheckPushRanges(const KvCacheExtParam &ext, uint32_t desc_tensors) {
+  if (PushRangesValid(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
+                      ext.dst_layer_range.second, desc_tensors) != RuleError::kOk)
+    return BadSpan(ext, desc_tensors);
+  if (ext.tensor_num_per_layer == 0) return Fail(LLM_PARAM_INVALID, "tensor_num_per_layer is 0");
+  return LLM_SUCCESS;
+}
+
+Status PushSpan(const KvCacheExtParam &ext, const CacheEntry &lc, const RemoteCache &rc, TensorSpan *span) {
+  if (PushTensorSpan(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
+                     ext.tensor_num_per_layer, lc.num_tensors, rc.num_tensors, span) == RuleError::kOk)
+    return LLM_SUCCESS;
+  return BadSpan(ext, lc.num_tensors);
+}
+
 Status CheckRemoteSpan(const TensorSpan &span, bool explicit_range, const RemoteCache &rc, uint32_t local_tensors) {
   if (explicit_range ? span.src_begin + span.count <= rc.num_tensors : rc.num_tensors == local_tensors)
     return LLM_SUCCESS;
@@ -133,10 +161,7 @@ Status Impl::PullBlocks(const CacheIndex &src, const Cache &dst, const std::vect
   if (lc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "local cache %lld holds batches, not blocks", (long long)lc.id);
   bool explicit_range;
   TensorSpan span;
-  if (PullTensorSpan(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
-                     ext.dst_layer_range.second, ext.tensor_num_per_layer, lc.num_tensors, &explicit_range,
-                     &span) != RuleError::kOk)
-    return BadSpan(ext, lc.num_tensors);
+  if ((st = PullSpan(ext, lc, &explicit_range, &span)) != LLM_SUCCESS) return st;
   if ((st = FindLink(&t, src.cluster_id)) != LLM_SUCCESS) return st;
   if ((st = CheckBlocks("dst_blocks", dst_blocks, lc.num_blocks, "local", lc.id)) != LLM_SUCCESS) return st;
   if ((st = FindRemote(&t, src.cache_id)) != LLM_SUCCESS) return st;
@@ -155,24 +180,17 @@ Status Impl::PushBlocks(const Cache &src, const CacheIndex &dst, const std::vect
   Transfer t;
   Status st;
   if ((st = Begin(&t, false)) != LLM_SUCCESS) return st;
-  if (src.cache_desc.placement != CachePlacement::kDevice)
-    return Fail(LLM_PARAM_INVALID, "src_cache must be placed on DEVICE to push");
+  if ((st = CheckPushSource(src)) != LLM_SUCCESS) return st;
   if ((st = CheckLists(src_blocks, dst_blocks)) != LLM_SUCCESS) return st;
   if (dst.batch_index != 0) return Fail(LLM_PARAM_INVALID, "dst_index.batch_index must be 0 for blocks");
-  if (PushRangesValid(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
-                      ext.dst_layer_range.second, src.cache_desc.num_tensors) != RuleError::kOk)
-    return BadSpan(ext, src.cache_desc.num_tensors);
-  if (ext.tensor_num_per_layer == 0) return Fail(LLM_PARAM_INVALID, "tensor_num_per_layer is 0");
+  if ((st = CheckPushRanges(ext, src.cache_desc.num_tensors)) != LLM_SUCCESS) return st;
   if ((st = FindLocal(&t, src.cache_id)) != LLM_SUCCESS) return st;
   const CacheEntry &lc = *t.local;
-  if ((st = FindLink(&t, dst.cluster_id)) != LLM_SUCCESS || (st = FindRemote(&t, dst.cache_id)) != LLM_SUCCESS)
-    return st;
+  if ((st = FindLink(&t, dst.cluster_id)) != LLM_SUCCESS || (st = FindRemote(&t, dst.cache_id)) != LLM_SUCCESS) return st;
   const RemoteCache &rc = *t.remote;
   if (rc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "remote cache %lld holds batches, not blocks", (long long)rc.id);
   TensorSpan span;
-  if (PushTensorSpan(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
-                     ext.tensor_num_per_layer, lc.num_tensors, rc.num_tensors, &span) != RuleError::kOk)
-    return BadSpan(ext, lc.num_tensors);
+  if ((st = PushSpan(ext, lc, rc, &span)) != LLM_SUCCESS) return st;
   if ((st = CheckBlocks("dst_blocks", dst_blocks, rc.num_blocks, "remote", rc.id)) != LLM_SUCCESS) return st;
   if (lc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "local cache %lld holds batches, not blocks", (long long)lc.id);
   if ((st = CheckBlocks("src_blocks", src_blocks, lc.num_blocks, "local", lc.id)) != LLM_SUCCESS) return st;
@@ -201,10 +219,7 @@ Status Impl::PullCache(const CacheIndex &src, const Cache &dst, uint32_t batch_i
                 (unsigned long long)lc.stride);
   bool explicit_range;
   TensorSpan span;
-  if (PullTensorSpan(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
-                     ext.dst_layer_range.second, ext.tensor_num_per_layer, lc.num_tensors, &explicit_range,
-                     &span) != RuleError::kOk)
-    return BadSpan(ext, lc.num_tensors);
+  if ((st = PullSpan(ext, lc, &explicit_range, &span)) != LLM_SUCCESS) return st;
   if ((st = FindLink(&t, src.cluster_id)) != LLM_SUCCESS || (st = FindRemote(&t, src.cache_id)) != LLM_SUCCESS)
     return st;
   const RemoteCache &rc = *t.remote;
@@ -226,25 +241,18 @@ Status Impl::PushCache(const Cache &src, const CacheIndex &dst, uint32_t src_bat
   Transfer t;
   Status st;
   if ((st = Begin(&t, false)) != LLM_SUCCESS) return st;
-  if (src.cache_desc.placement != CachePlacement::kDevice)
-    return Fail(LLM_PARAM_INVALID, "src_cache must be placed on DEVICE to push");
+  if ((st = CheckPushSource(src)) != LLM_SUCCESS) return st;
   if (size != -1) return Fail(LLM_PARAM_INVALID, "size=%lld: push_kv_cache supports only -1", (long long)size);
-  if (PushRangesValid(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
-                      ext.dst_layer_range.second, src.cache_desc.num_tensors) != RuleError::kOk)
-    return BadSpan(ext, src.cache_desc.num_tensors);
-  if (ext.tensor_num_per_layer == 0) return Fail(LLM_PARAM_INVALID, "tensor_num_per_layer is 0");
+  if ((st = CheckPushRanges(ext, src.cache_desc.num_tensors)) != LLM_SUCCESS) return st;
   if ((st = FindLocal(&t, src.cache_id)) != LLM_SUCCESS) return st;
   const CacheEntry &lc = *t.local;
-  if ((st = FindLink(&t, dst.cluster_id)) != LLM_SUCCESS || (st = FindRemote(&t, dst.cache_id)) != LLM_SUCCESS)
-    return st;
+  if ((st = FindLink(&t, dst.cluster_id)) != LLM_SUCCESS || (st = FindRemote(&t, dst.cache_id)) != LLM_SUCCESS) return st;
   const RemoteCache &rc = *t.remote;
   if (dst.batch_index >= rc.batch_size)
     return Fail(LLM_PARAM_INVALID, "dst_index.batch_index=%u is out of range for remote cache %lld (%llu batches)",
                 dst.batch_index, (long long)rc.id, (unsigned long long)rc.batch_size);
   TensorSpan span;
-  if (PushTensorSpan(ext.src_layer_range.first, ext.src_layer_range.second, ext.dst_layer_range.first,
-                     ext.tensor_num_per_layer, lc.num_tensors, rc.num_tensors, &span) != RuleError::kOk)
-    return BadSpan(ext, lc.num_tensors);
+  if ((st = PushSpan(ext, lc, rc, &span)) != LLM_SUCCESS) return st;
   if (src_batch_index >= lc.batch_size)
     return Fail(LLM_PARAM_INVALID, "src_batch_index=%u is out of range for local cache %lld (%llu batches)",
                 src_batch_index, (long long)lc.id, (unsigned long long)lc.batch_size);

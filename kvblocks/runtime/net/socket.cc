@@ -86,61 +86,43 @@ IoResult Classify(int err) {
   return IoResult::kError;
 }
 
+
+// Moves iov[0..iovcnt) with sendmsg/recvmsg, waiting on EAGAIN until the deadline.
+IoResult MoveIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline, bool send) {
+  size_t first = 0;
+  while (first < iovcnt) {
+    if (iov[first].iov_len == 0) {
+      ++first;
+      continue;
+    }
+    // Receivers check the deadline before each read: after it passes no further byte may land.
+    if (!send && deadline != 0 && NowNs() >= deadline) return IoResult::kTimeout;
+    msghdr m{};
+    m.msg_iov = iov + first;
+    m.msg_iovlen = std::min<size_t>(iovcnt - first, IOV_MAX);
+    const ssize_t n = send ? sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT) : recvmsg(fd, &m, MSG_DONTWAIT);
+    if (n == 0 && !send) return IoResult::kClosed;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return Classify(errno);
+      const IoResult w = WaitFd(fd, send ? POLLOUT : POLLIN, deadline);
+      if (w != IoResult::kOk) return w;
+      continue;
+    }
+    Advance(iov, iovcnt, &first, static_cast<size_t>(n));
+  }
+  return IoResult::kOk;
+}
+
 }  // namespace
 
 IoResult SendIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline) {
-  size_t first = 0;
-  while (first < iovcnt) {
-    if (iov[first].iov_len == 0) {
-      ++first;
-      continue;
-    }
-    msghdr m{};
-    m.msg_iov = iov + first;
-    m.msg_iovlen = std::min<size_t>(iovcnt - first, IOV_MAX);
-    const ssize_t n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        const IoResult w = WaitFd(fd, POLLOUT, deadline);
-        if (w != IoResult::kOk) return w;
-        continue;
-      }
-      return Classify(errno);
-    }
-    Advance(iov, iovcnt, &first, static_cast<size_t>(n));
-  }
-  return IoResult::kOk;
+  return MoveIov(fd, iov, iovcnt, deadline, true);
 }
 
 IoResult RecvIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline) {
-  size_t first = 0;
-  while (first < iovcnt) {
-    if (iov[first].iov_len == 0) {
-      ++first;
-      continue;
-    }
-    // Check the deadline before each read: after it passes no further byte may land.
-    if (deadline != 0 && NowNs() >= deadline) return IoResult::kTimeout;
-    msghdr m{};
-    m.msg_iov = iov + first;
-    m.msg_iovlen = std::min<size_t>(iovcnt - first, IOV_MAX);
-    const ssize_t n = recvmsg(fd, &m, MSG_DONTWAIT);
-    if (n == 0) return IoResult::kClosed;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        const IoResult w = WaitFd(fd, POLLIN, deadline);
-        if (w != IoResult::kOk) return w;
-        continue;
-      }
-      return Classify(errno);
-    }
-    Advance(iov, iovcnt, &first, static_cast<size_t>(n));
-  }
-  return IoResult::kOk;
+  return MoveIov(fd, iov, iovcnt, deadline, false);
 }
-
 
 IoResult RecvAll(int fd, void *p, size_t n, int64_t deadline) {
   iovec v{p, n};
