@@ -6,7 +6,36 @@ machine: in-process copies, same-host shared memory, and TCP between hosts.
 """
 import os as _os
 
-from kvblocks._errors import (
+__version__ = "0.1.0"
+
+
+def _source_tree_error(err: ImportError) -> None:
+    """Raise a clear ImportError when this ``kvblocks`` is an unbuilt source tree, not an install.
+
+    ``python -m kvblocks`` or ``import kvblocks`` run in the checkout root find ``./kvblocks`` (which has
+    ``_lib.pyx`` but no compiled ``_lib``) before the installed package, as Python puts the current
+    directory first on ``sys.path``. In any other case this returns and the caller re-raises ``err``.
+
+    Raises:
+        ImportError: with what to do instead, when this directory is a source checkout without a built
+            ``_lib`` for this interpreter.
+    """
+    import importlib.machinery
+
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    if not _os.path.exists(_os.path.join(here, "_lib.pyx")):
+        return  # an installed package: the original error says more
+    if any(_os.path.exists(_os.path.join(here, "_lib" + sfx)) for sfx in importlib.machinery.EXTENSION_SUFFIXES):
+        return  # built in place but failed to load (e.g. libllm_datadist.so missing): show why
+    raise ImportError(
+        f"you are importing kvblocks from its source tree ({here}), where the Cython/C++ core is not built "
+        f"({err}); the current directory comes first on sys.path and hides an installed kvblocks. "
+        "Either `pip install .` and then use the `kvblocks` command (`kvblocks demo`, `kvblocks --help`) or "
+        "run Python from another directory, or build in place with `python setup.py build_ext --inplace`."
+    ) from None
+
+
+from kvblocks._errors import (  # noqa: E402
     CacheNotExistError,
     FeatureNotEnabledError,
     LinkError,
@@ -16,36 +45,42 @@ from kvblocks._errors import (
     ParamInvalidError,
     Status,
 )
-from kvblocks._lib import (
-    OPTION_AUTH_TOKEN,
-    OPTION_BUF_POOL_CFG,
-    OPTION_DEVICE_ID,
-    OPTION_ENABLE_SET_ROLE,
-    OPTION_GLOBAL_RESOURCE_CONFIG,
-    OPTION_LISTEN_IP_INFO,
-    OPTION_LOCAL_COMM_RES,
-    OPTION_ROLE_CHECK,
-    OPTION_SYNC_CACHE_WAIT_TIME,
-    OPTION_TRANSFER_BACKEND,
-    OPTION_TRANSPORT,
-    Cache,
-    CacheDesc,
-    CacheIndex,
-    CachePlacement,
-    ClusterInfo,
-    DataType,
-    IpInfo,
-    KvCacheExtParam,
-    LlmDataDist,
-    LlmRole,
-    validate_blocks,
-)
 
-__version__ = "0.1.0"
+try:
+    from kvblocks._lib import (
+        OPTION_AUTH_TOKEN,
+        OPTION_BUF_POOL_CFG,
+        OPTION_DEVICE_ID,
+        OPTION_ENABLE_SET_ROLE,
+        OPTION_GLOBAL_RESOURCE_CONFIG,
+        OPTION_LISTEN_IP_INFO,
+        OPTION_LOCAL_COMM_RES,
+        OPTION_ROLE_CHECK,
+        OPTION_SYNC_CACHE_WAIT_TIME,
+        OPTION_TRANSFER_BACKEND,
+        OPTION_TRANSPORT,
+        Cache,
+        CacheDesc,
+        CacheIndex,
+        CachePlacement,
+        ClusterInfo,
+        DataType,
+        IpInfo,
+        KvCacheExtParam,
+        LlmDataDist,
+        LlmRole,
+        validate_blocks,
+    )
+except ImportError as _err:
+    _source_tree_error(_err)
+    raise
 
 
 def get_include() -> str:
-    """Directory holding ``llm_datadist/llm_datadist.h`` and the ``.pxd`` files' package root."""
+    """Directory holding ``llm_datadist/llm_datadist.h`` and ``kvblocks/*.h`` (for ``-I``).
+
+    In a source checkout built in place this is the checkout's ``include/``. Raises nothing.
+    """
     here = _os.path.dirname(_os.path.abspath(__file__))
     inc = _os.path.join(here, "include")
     if _os.path.isdir(inc):
@@ -54,7 +89,7 @@ def get_include() -> str:
 
 
 def get_library_dir() -> str:
-    """Directory holding ``libllm_datadist.so``."""
+    """Directory holding ``libllm_datadist.so`` (for ``-L`` and ``-Wl,-rpath``). Raises nothing."""
     return _os.path.dirname(_os.path.abspath(__file__))
 
 

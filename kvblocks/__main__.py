@@ -1,41 +1,92 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``python -m kvblocks``: demo, benchmarks, and build flags for C++ users.
-
-  python -m kvblocks demo          a Prompt and a Decoder process move real blocks, verified
-  python -m kvblocks bench ...     the benchmark matrix (see ``python -m kvblocks bench --help``)
-  python -m kvblocks --cflags      compiler flags for code using llm_datadist/llm_datadist.h
-  python -m kvblocks --libs        linker flags for libllm_datadist.so
-"""
+"""The ``kvblocks`` command (also ``python -m kvblocks``): demo, benchmarks, build flags for C++ users."""
+import argparse
+import os
 import sys
+
+_DESCRIPTION = "KV-cache block transfer for disaggregated LLM serving (CANN LLM-DataDist API)."
+_EPILOG = """\
+examples:
+  kvblocks demo                      a Prompt and a Decoder process move real blocks, verified
+  kvblocks bench --case shm          the benchmark matrix (kvblocks bench --help)
+  g++ app.cpp $(kvblocks --cflags --libs)
+
+'python -m kvblocks' is the same command; run it outside the source checkout, whose ./kvblocks
+folder would hide the installed package."""
+
+# Commands whose arguments belong to them: everything after the name is passed on unparsed.
+_COMMANDS = {
+    "demo": "run the two-process demo (kvblocks demo --help)",
+    "bench": "run the benchmark matrix (kvblocks bench --help; needs kvblocks[bench])",
+}
+
+
+def _prog() -> str:
+    """How the user invoked us, for usage lines: ``python -m kvblocks`` or ``kvblocks``. Raises nothing."""
+    if os.path.basename(sys.argv[0] if sys.argv else "") == "__main__.py":
+        return "python -m kvblocks"
+    return "kvblocks"
 
 
 def _flags(kind: str) -> str:
+    """Compiler (``cflags``) or linker (``libs``) flags for code using the C++ API. Raises nothing."""
     import kvblocks
 
-    if kind == "--cflags":
+    if kind == "cflags":
         return f"-I{kvblocks.get_include()} -std=c++17"
     lib = kvblocks.get_library_dir()
     return f"-L{lib} -Wl,-rpath,{lib} -lllm_datadist -lpthread"
 
 
+def _parser(prog: str) -> argparse.ArgumentParser:
+    """The top-level parser: options, plus the commands listed for --help. Raises nothing."""
+    import kvblocks
+
+    ap = argparse.ArgumentParser(prog=prog, description=_DESCRIPTION, epilog=_EPILOG,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"kvblocks {kvblocks.__version__}")
+    ap.add_argument("--cflags", dest="flags", action="append_const", const="cflags",
+                    help="print compiler flags for code including llm_datadist/llm_datadist.h")
+    ap.add_argument("--libs", dest="flags", action="append_const", const="libs",
+                    help="print linker flags for libllm_datadist.so")
+    sub = ap.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    for name, text in _COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
+    return ap
+
+
 def main(argv=None) -> int:
+    """Run the ``kvblocks`` command line; returns the exit status.
+
+    ``demo`` and ``bench`` receive the rest of the arguments unparsed; ``--cflags``/``--libs`` print
+    their flags in the order given; no arguments prints the help.
+
+    Raises:
+        SystemExit: status 0 after ``--help``/``--version``; status 2 with a usage message for an unknown
+            option or command, an extra argument (``--cflags bogus``), or options mixed with a command
+            (argparse's error convention).
+        ImportError: when kvblocks itself cannot be imported (e.g. the unbuilt source tree is first on
+            ``sys.path``; the message says what to do).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.strip())
-        return 0
-    if argv[0] in ("--cflags", "--libs"):
-        print(" ".join(_flags(a) for a in argv if a in ("--cflags", "--libs")))
-        return 0
-    if argv[0] == "demo":
+    prog = _prog()
+    if argv and argv[0] == "demo":
         from kvblocks import demo
 
-        return demo.main(argv[1:])
-    if argv[0] == "bench":
+        return demo.main(argv[1:], prog=f"{prog} demo")
+    if argv and argv[0] == "bench":
         from kvblocks import benchmark
 
         return benchmark.main(argv[1:])
-    print(f"unknown command {argv[0]!r}\n\n{__doc__.strip()}", file=sys.stderr)
-    return 2
+    ap = _parser(prog)
+    args = ap.parse_args(argv)
+    if args.command is not None:  # e.g. "--cflags demo": commands take no top-level options
+        ap.error(f"{args.command!r} must come first; its options go after it")
+    if not args.flags:
+        ap.print_help()
+        return 0
+    print(" ".join(_flags(kind) for kind in args.flags))
+    return 0
 
 
 if __name__ == "__main__":

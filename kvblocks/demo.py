@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``python -m kvblocks demo``: a Prompt and a Decoder process move real KV blocks.
+"""kvblocks demo: a Prompt and a Decoder process move real KV blocks.
 
 The Prompt (a second process) fills its cache with a known pattern and listens; the Decoder (this
 process) links over TCP, pulls blocks {1,3,5,7} into {0,2,4,6}, then the Prompt pushes layer 3 with
@@ -44,8 +44,16 @@ def _prompt(port, transport, ready, go, done):
     dd.finalize()
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kvblocks demo", description=__doc__.splitlines()[0])
+def main(argv=None, prog: str = "kvblocks demo") -> int:
+    """Run the demo (``kvblocks demo``); returns 0 when every byte checked out, 1 otherwise.
+
+    Raises:
+        SystemExit: status 0 after ``--help``, 2 with a usage message for a bad argument (argparse).
+        kvblocks.LLMException: a kvblocks call failed (subclasses such as ``LinkError`` name the cause).
+        queue.Empty: the Prompt process did not answer within 60 s (it failed to start or crashed).
+    """
+    summary, details = __doc__.split("\n\n", 1)
+    ap = argparse.ArgumentParser(prog=prog, description=summary, epilog=details)
     ap.add_argument("--transport", choices=["auto", "shm", "tcp"], default="auto",
                     help="data path: auto picks shared memory on one host, TCP otherwise")
     args = ap.parse_args(argv)
