@@ -15,6 +15,8 @@ constexpr int64_t kSecNs = 1000LL * kMsNs;
 constexpr uint32_t kMagic = 0x3142564BU;  // "KVB1" little-endian
 constexpr uint32_t kProtocolVersion = 2;  // 2: capability bitmask and per-transport table descriptors
 constexpr uint64_t kMaxControlPayload = 64ULL << 20;  // any frame but READ_RESP data
+constexpr uint64_t kRequestFixedBytes = 40;  // an encoded XferRequest: fixed fields,
+constexpr uint64_t kRequestRangeBytes = 16;  // plus 4 bytes a tensor and 16 a byte range
 constexpr uint64_t kMaxInlineWrite = 256ULL << 10;    // pushes this small skip the READY round trip
 constexpr uint64_t kMaxHelloBytes = 16ULL << 20;      // read before authentication: keep it bounded
 constexpr uint32_t kMaxTableCaches = 1U << 20;
@@ -28,14 +30,17 @@ constexpr int64_t kErrorReplyNs = 100 * kMsNs; // best-effort ERROR frames befor
 
 // ---- serving
 constexpr int64_t kFrameNs = 10 * kSecNs;     // a started frame must arrive within this
+constexpr int64_t kDeadlineSlackNs = 5 * kMsNs;  // clock-offset error tolerated at a deadline
 constexpr int64_t kMaxServeNs = 600 * kSecNs; // no request holds a serving thread longer
 
 // ---- copies
 // Large one-sided copies are split over a few threads: one core cannot saturate memory bandwidth
 // with 64 KiB copies on this kind of machine. Small ones stay on the caller's thread.
 constexpr uint64_t kParallelBytes = 8ULL << 20;
+// One-sided copies look at the clock after every this many bytes (about 0.1-0.3 ms of memcpy), so a
+// deadline is kept to within one chunk however the plan is shaped.
+constexpr uint64_t kDeadlineCheckBytes = 1ULL << 20;
 constexpr size_t kMaxCopyThreads = 4;
-constexpr uint64_t kPageBytes = 4096;  // allocated tensors are page-aligned so one mmap maps them
 
 // ---- defaults
 constexpr int64_t kDefaultWaitMs = 1000;  // llm.SyncKvCacheWaitTime

@@ -3,7 +3,10 @@
 #include <errno.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <climits>
+
+#include "common/limits.h"
 
 #include "common/util.h"
 #include "transport/path.h"
@@ -15,20 +18,25 @@ using namespace llm_datadist;  // NOLINT: status constants
 
 namespace {
 
+// One process_vm_readv/writev per IOV_MAX entries or kDeadlineCheckBytes, whichever comes first,
+// with a look at the clock after each.
 Status CmaRange(const Plan &plan, pid_t pid, const std::vector<uint64_t> &remote, const std::vector<uint64_t> &local,
                 bool pull, int64_t deadline, size_t begin, size_t end) {
   std::vector<iovec> liov, riov;
   liov.reserve(IOV_MAX);
   riov.reserve(IOV_MAX);
+  uint64_t pending = 0;
+  bool flushed = false;
   auto flush = [&]() -> Status {
-    size_t expect = 0;
-    for (const auto &v : liov) expect += v.iov_len;
     const ssize_t n = pull ? process_vm_readv(pid, liov.data(), liov.size(), riov.data(), riov.size(), 0)
                            : process_vm_writev(pid, liov.data(), liov.size(), riov.data(), riov.size(), 0);
+    const int err = errno;
     liov.clear();
     riov.clear();
+    const uint64_t expect = pending;
+    pending = 0;
     if (n == static_cast<ssize_t>(expect)) return LLM_SUCCESS;
-    if (n < 0 && errno == ESRCH) return LLM_LINK_FAILED;  // the peer process is gone
+    if (n < 0 && err == ESRCH) return LLM_LINK_FAILED;  // the peer process is gone
     return LLM_FAILED;
   };
   for (size_t i = begin; i < end; ++i) {
@@ -36,12 +44,21 @@ Status CmaRange(const Plan &plan, pid_t pid, const std::vector<uint64_t> &remote
     uint8_t *lbase = reinterpret_cast<uint8_t *>(local[pull ? plan.dst_tensors[i] : plan.src_tensors[i]]);
     for (const Segment &g : plan.segs) {
       const uint64_t roff = pull ? g.src_off : g.dst_off, loff = pull ? g.dst_off : g.src_off;
-      liov.push_back(iovec{lbase + loff, g.len});
-      riov.push_back(iovec{reinterpret_cast<void *>(rbase + roff), g.len});
-      if (liov.size() == IOV_MAX) {
-        const Status st = flush();
-        if (st != LLM_SUCCESS) return st;
-        if (NowNs() > deadline) return LLM_TIMEOUT;
+      for (uint64_t off = 0; off < g.len;) {
+        if (flushed) {  // more to move: is there still time?
+          flushed = false;
+          if (NowNs() > deadline) return LLM_TIMEOUT;
+        }
+        const uint64_t n = std::min(g.len - off, kDeadlineCheckBytes - pending);
+        liov.push_back(iovec{lbase + loff + off, n});
+        riov.push_back(iovec{reinterpret_cast<void *>(rbase + roff + off), n});
+        off += n;
+        pending += n;
+        if (liov.size() == IOV_MAX || pending >= kDeadlineCheckBytes) {
+          const Status st = flush();
+          if (st != LLM_SUCCESS) return st;
+          flushed = true;
+        }
       }
     }
   }

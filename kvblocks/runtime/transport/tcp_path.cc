@@ -16,25 +16,51 @@ using namespace llm_datadist;  // NOLINT: status constants
 
 namespace {
 
+// A plan whose request would not fit one frame (kMaxControlPayload) goes as several requests on
+// the same channel, each with every tensor and a run of the segments: [seg_begin, seg_end).
+struct Piece {
+  size_t seg_begin, seg_end;
+  uint64_t bytes_per_tensor;
+};
+
+std::vector<Piece> SplitPlan(const Plan &plan) {
+  const uint64_t fixed = kRequestFixedBytes + 4ULL * plan.src_tensors.size();
+  const size_t per = static_cast<size_t>((kMaxControlPayload - fixed) / kRequestRangeBytes);
+  std::vector<Piece> out;
+  for (size_t b = 0; b < plan.segs.size(); b += per) {
+    Piece p{b, std::min(plan.segs.size(), b + per), 0};
+    for (size_t i = p.seg_begin; i < p.seg_end; ++i) p.bytes_per_tensor += plan.segs[i].len;
+    out.push_back(p);
+  }
+  return out;
+}
+
 // The request as the server sees it: its own tensors and byte ranges.
-XferRequest MakeRequest(const Plan &plan, int64_t cache_id, bool pull, int64_t deadline, int64_t clock_offset) {
+XferRequest MakeRequest(const Plan &plan, const Piece &piece, int64_t cache_id, bool pull, int64_t deadline,
+                        int64_t clock_offset) {
   XferRequest q;
   q.cache_id = cache_id;
   q.deadline = deadline + clock_offset;
   q.budget = std::max<int64_t>(deadline - NowNs(), 1);
-  q.total = plan.total_bytes();
+  q.total = piece.bytes_per_tensor * plan.src_tensors.size();
   q.tensors = pull ? plan.src_tensors : plan.dst_tensors;
-  q.ranges.reserve(plan.segs.size());
-  for (const Segment &g : plan.segs) q.ranges.push_back(ByteRange{pull ? g.src_off : g.dst_off, g.len});
+  q.ranges.reserve(piece.seg_end - piece.seg_begin);
+  for (size_t i = piece.seg_begin; i < piece.seg_end; ++i) {
+    const Segment &g = plan.segs[i];
+    q.ranges.push_back(ByteRange{pull ? g.src_off : g.dst_off, g.len});
+  }
   return q;
 }
 
 // Local side of the stream, in the order the peer gathers or scatters it.
-void LocalIov(const Plan &plan, const CacheEntry &local, bool pull, std::vector<iovec> *iov) {
+void LocalIov(const Plan &plan, const Piece &piece, const CacheEntry &local, bool pull, std::vector<iovec> *iov) {
   const auto &tensors = pull ? plan.dst_tensors : plan.src_tensors;
   for (uint32_t t : tensors) {
     uint8_t *base = local.tensor(t);
-    for (const Segment &g : plan.segs) AppendIov(iov, base + (pull ? g.dst_off : g.src_off), g.len);
+    for (size_t i = piece.seg_begin; i < piece.seg_end; ++i) {
+      const Segment &g = plan.segs[i];
+      AppendIov(iov, base + (pull ? g.dst_off : g.src_off), g.len);
+    }
   }
 }
 
@@ -92,22 +118,30 @@ Status TcpPath::Execute(const Plan &plan, const CacheEntry &local, bool pull, in
   Status st;
   const int fd = link_->AcquireChannel(deadline, &st);
   if (fd < 0) return st;
-  std::string body;
-  Encode(MakeRequest(plan, cache_id_, pull, deadline, link_->clock_offset_ns), &body);
-  const uint64_t total = plan.total_bytes();
-  const bool inline_data = !pull && total <= kMaxInlineWrite;
-  uint8_t head[kFrameHeaderBytes];
-  EncodeHeader(FrameHeader{static_cast<uint16_t>(pull ? kReadReq : kWriteReq),
-                           static_cast<uint16_t>(inline_data ? kFlagInline : 0), 0, body.size()},
-               head);
-  std::vector<iovec> iov;
-  iov.reserve(plan.src_tensors.size() * plan.segs.size() + 2);
-  iov.push_back(iovec{head, sizeof(head)});
-  iov.push_back(iovec{&body[0], body.size()});
-  LocalIov(plan, local, pull, &iov);
-  bool reusable = false;
-  st = Exchange(fd, iov, 2, pull, inline_data, total, deadline, &reusable);
+  bool reusable = true;
+  st = LLM_SUCCESS;
+  for (const Piece &piece : SplitPlan(plan)) {
+    std::string body;
+    Encode(MakeRequest(plan, piece, cache_id_, pull, deadline, link_->clock_offset_ns), &body);
+    const uint64_t total = piece.bytes_per_tensor * plan.src_tensors.size();
+    const bool inline_data = !pull && total <= kMaxInlineWrite;
+    uint8_t head[kFrameHeaderBytes];
+    EncodeHeader(FrameHeader{static_cast<uint16_t>(pull ? kReadReq : kWriteReq),
+                             static_cast<uint16_t>(inline_data ? kFlagInline : 0), 0, body.size()},
+                 head);
+    std::vector<iovec> iov;
+    iov.reserve(plan.src_tensors.size() * (piece.seg_end - piece.seg_begin) + 2);
+    iov.push_back(iovec{head, sizeof(head)});
+    iov.push_back(iovec{&body[0], body.size()});
+    LocalIov(plan, piece, local, pull, &iov);
+    reusable = false;
+    st = Exchange(fd, iov, 2, pull, inline_data, total, deadline, &reusable);
+    if (st != LLM_SUCCESS) break;
+  }
   link_->ReleaseChannel(fd, reusable);
+  // The server stops at its view of our deadline, which the clock offset measured at link time
+  // may put a little early: a channel it closed just before the deadline means it gave up in time.
+  if (st == LLM_LINK_FAILED && NowNs() >= deadline - kDeadlineSlackNs && link_->alive.load()) st = LLM_TIMEOUT;
   return st;
 }
 
