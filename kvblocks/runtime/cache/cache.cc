@@ -1,7 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "cache/cache.h"
 
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <chrono>
 #include <mutex>
+
+#include "common/util.h"
 
 namespace kvblocks {
 
@@ -56,13 +62,37 @@ std::vector<TableEntry> CacheRegistry::Describe() const {
   std::shared_lock<std::shared_mutex> g(mu_);
   std::vector<TableEntry> out;
   out.reserve(caches_.size());
-  for (const auto &kv : caches_) out.push_back(kv.second->Describe());
+  for (const auto &kv : caches_)
+    if (!kv.second->closing.load()) out.push_back(kv.second->Describe());
   return out;
 }
 
 void RetireCache(CacheEntry *e) {
-  std::unique_lock<std::shared_mutex> use(e->use_mu);
+  std::unique_lock<std::shared_timed_mutex> use(e->use_mu);
   e->removed = true;
+}
+
+void RetireCache(CacheEntry *e, int64_t deadline) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(std::max<int64_t>(deadline - NowNs(), 0));
+  std::unique_lock<std::shared_timed_mutex> use(e->use_mu, until);
+  if (!use.owns_lock()) {
+    {
+      std::lock_guard<std::mutex> g(e->serving_mu);
+      for (int fd : e->serving_fds) shutdown(fd, SHUT_RDWR);
+    }
+    use.lock();
+  }
+  e->removed = true;
+}
+
+ServingFd::ServingFd(CacheEntry *e, int fd) : e_(e), fd_(fd) {
+  std::lock_guard<std::mutex> g(e_->serving_mu);
+  e_->serving_fds.insert(fd_);
+}
+
+ServingFd::~ServingFd() {
+  std::lock_guard<std::mutex> g(e_->serving_mu);
+  e_->serving_fds.erase(e_->serving_fds.find(fd_));
 }
 
 }  // namespace kvblocks

@@ -4,8 +4,11 @@
 #define KVBLOCKS_RUNTIME_CACHE_CACHE_H_
 
 #include <cstdint>
+#include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <vector>
 
@@ -28,8 +31,16 @@ struct CacheEntry {
   std::vector<uint64_t> addrs;
   std::shared_ptr<SharedRegion> region;  // set for AllocateCache
   uint64_t pitch = 0;                    // distance between tensors inside region
-  mutable std::shared_mutex use_mu;      // transfers hold it shared; unregister exclusive
-  bool removed = false;                  // set under exclusive use_mu when unregistered
+  mutable std::shared_timed_mutex use_mu;  // transfers hold it shared; unregister exclusive
+  bool removed = false;                    // set under exclusive use_mu when unregistered
+  // Set while an unregister is in progress: new transfers and links no longer see the cache. Reset
+  // when the unregister fails and the cache stays registered.
+  std::atomic<bool> closing{false};
+  std::mutex remove_mu;  // one unregister of this cache at a time
+  // Data channels whose serving thread holds this cache; an unregister past its time budget shuts
+  // them down rather than waiting out a deadline the peer chose.
+  std::mutex serving_mu;
+  std::multiset<int> serving_fds;
 
   uint8_t *tensor(uint32_t i) const { return reinterpret_cast<uint8_t *>(addrs[i]); }
   TableEntry Describe() const;  // the entry peers see in the link-time table
@@ -38,9 +49,22 @@ struct CacheEntry {
 // Holds a cache for the duration of a transfer; `ok` is false once it has been unregistered, so a
 // transfer that looked the cache up just before removal never touches freed memory.
 struct CacheUse {
-  std::shared_lock<std::shared_mutex> lock;
+  std::shared_lock<std::shared_timed_mutex> lock;
   bool ok;
-  explicit CacheUse(const CacheEntry &e) : lock(e.use_mu), ok(!e.removed) {}
+  explicit CacheUse(const CacheEntry &e) : lock(e.use_mu), ok(!e.removed && !e.closing.load()) {}
+};
+
+// Registers a serving thread's channel with the cache it holds (see CacheEntry::serving_fds).
+class ServingFd {
+ public:
+  ServingFd(CacheEntry *e, int fd);
+  ~ServingFd();
+  ServingFd(const ServingFd &) = delete;
+  ServingFd &operator=(const ServingFd &) = delete;
+
+ private:
+  CacheEntry *e_;
+  int fd_;
 };
 
 // Ids start at 1 and are never reused.
@@ -60,6 +84,9 @@ class CacheRegistry {
 
 // Marks a cache removed once every transfer using it has finished.
 void RetireCache(CacheEntry *e);
+// The same, but a serving thread still holding the cache at `deadline` (NowNs clock) has its
+// channel shut down, so it lets go at once. Local transfers end by their own deadlines.
+void RetireCache(CacheEntry *e, int64_t deadline);
 
 }  // namespace kvblocks
 

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Cache registration and allocation. Ids start at 1 and are never reused.
 #include <algorithm>
+#include <chrono>
+#include <set>
 
 #include "common/error.h"
 #include "common/util.h"
@@ -8,6 +10,17 @@
 #include "wire/messages.h"
 
 namespace kvblocks {
+
+namespace {
+// Bytes an element is aligned to inside an allocated cache: its size rounded up to a power of two,
+// between 1 (sub-byte types) and 16.
+uint64_t ElementAlign(int64_t data_type) {
+  const uint64_t bytes = static_cast<uint64_t>((DataTypeBits(data_type) + 7) / 8);
+  uint64_t a = 1;
+  while (a < bytes && a < 16) a <<= 1;
+  return a;
+}
+}  // namespace
 
 Status Impl::AddCache(const CacheDesc &desc, const std::vector<uint64_t> &addrs, CacheKind kind, int64_t key,
                       Cache *out, bool allocate) {
@@ -54,8 +67,10 @@ Status Impl::AddCache(const CacheDesc &desc, const std::vector<uint64_t> &addrs,
   if (e->stride == 0)  // sub-byte types: a block must be at least one byte
     return Fail(LLM_PARAM_INVALID, "a block of shape[1:] is smaller than one byte");
   if (allocate) {
-    // One memfd for all tensors, each page-aligned, so a same-host peer maps it with one mmap.
-    e->pitch = (e->tensor_bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+    // One memfd for all tensors, packed at the element alignment (not a page each: 2^18 one-byte
+    // tensors take 256 KiB, not 1 GiB), so a same-host peer maps it with one mmap.
+    const uint64_t align = ElementAlign(static_cast<int64_t>(desc.data_type));
+    e->pitch = (e->tensor_bytes + align - 1) / align * align;
     uint64_t total;
     if (__builtin_mul_overflow(e->pitch, static_cast<uint64_t>(desc.num_tensors), &total))
       return Fail(LLM_PARAM_INVALID, "cache size overflows");
@@ -80,39 +95,63 @@ Status Impl::AddCache(const CacheDesc &desc, const std::vector<uint64_t> &addrs,
 Status Impl::RemoveCache(int64_t cache_id) {
   std::shared_lock<std::shared_mutex> lk(state_mu_);
   if (!initialized()) return Fail(LLM_FAILED, "the engine is not initialized");
-  std::shared_ptr<CacheEntry> e = caches_.Take(cache_id);
+  std::shared_ptr<CacheEntry> e = caches_.Find(cache_id);
   if (!e) return LLM_SUCCESS;
-  // Wait for transfers and serving threads still using it; the memory goes with the last owner.
-  RetireCache(e.get());
-  NotifyCacheGone(cache_id);
+  std::lock_guard<std::mutex> one(e->remove_mu);
+  if (e->removed) return LLM_SUCCESS;  // a concurrent unregister finished it
+  // One budget for the whole call. New transfers and new links stop seeing the cache first; then
+  // every same-host peer confirms its one-sided copies into it ended; only then is it removed.
+  const int64_t deadline = NowNs() + std::max<int64_t>(wait_time_ms_, 1) * kMsNs;
+  e->closing.store(true);
+  const Status st = NotifyCacheGone(cache_id, deadline);
+  if (st != LLM_SUCCESS) {
+    e->closing.store(false);  // still registered: the caller keeps the memory alive
+    return st;
+  }
+  // Local transfers end by their own deadlines (at most one budget from now); serving threads
+  // still at it when ours passes have their channels shut down.
+  RetireCache(e.get(), deadline);
+  caches_.Take(cache_id);
   return LLM_SUCCESS;
 }
 
-// Same-host peers may read and write this cache's memory directly (mapped memfd, CMA). Before the
-// caller may free it, each must confirm it stopped: CACHE_GONE waits for their in-flight copies.
-// Bounded by llm.SyncKvCacheWaitTime per call; a peer that does not answer in time is unlinked.
-void Impl::NotifyCacheGone(int64_t cache_id) {
-  std::vector<std::shared_ptr<struct Link>> peers = links_.SameHostAlive();
-  if (peers.empty()) return;
+// Same-host peers may read and write this cache's memory directly (mapped memfd, CMA, another
+// engine of this process). Before the caller may free it, each must confirm it stopped:
+// CACHE_GONE waits for their in-flight copies. A peer that does not confirm by `deadline` fails
+// the call with LLM_TIMEOUT; it stays linked, so a later retry completes once it answers. Links
+// that finish a handshake meanwhile (they may have seen the cache) are asked too.
+Status Impl::NotifyCacheGone(int64_t cache_id, int64_t deadline) {
   std::string ref;
   Encode(CacheRef{cache_id}, &ref);
-  const int64_t deadline = NowNs() + std::max<int64_t>(wait_time_ms_, 1) * 1000000LL;
-  std::vector<std::shared_ptr<struct Link>> sent;
-  for (auto &l : peers)
-    if (l->SendCtrl(kCacheGone, deadline, ref)) sent.push_back(l);
-  for (auto &l : sent) {
-    std::unique_lock<std::mutex> g(l->mu);
-    while (l->alive.load() && l->gone_acked.count(cache_id) == 0) {
-      const int64_t left = deadline - NowNs();
-      if (left <= 0) break;
-      l->cv.wait_for(g, std::chrono::nanoseconds(left));
+  std::set<struct Link *> asked;
+  for (;;) {
+    std::vector<std::shared_ptr<struct Link>> sent;
+    for (auto &l : links_.SameHostAlive()) {
+      if (!asked.insert(l.get()).second) continue;
+      {
+        std::lock_guard<std::mutex> g(l->mu);
+        if (l->gone_acked.count(cache_id) != 0) continue;  // confirmed to an earlier, failed call
+      }
+      if (l->SendCtrl(kCacheGone, deadline, ref)) sent.push_back(l);
     }
-    const bool acked = l->gone_acked.erase(cache_id) != 0;
-    g.unlock();
-    if (!acked && l->alive.load()) {
-      LogWarn("cluster %llu did not confirm it stopped using cache %lld; unlinking it",
-              static_cast<unsigned long long>(l->remote_cluster_id), static_cast<long long>(cache_id));
-      DropLink(l);
+    if (sent.empty()) return LLM_SUCCESS;
+    for (auto &l : sent) {
+      std::unique_lock<std::mutex> g(l->mu);
+      while (l->alive.load() && l->gone_acked.count(cache_id) == 0) {
+        const int64_t left = deadline - NowNs();
+        if (left <= 0) break;
+        l->cv.wait_for(g, std::chrono::nanoseconds(left));
+      }
+      // A link that died meanwhile: the peer closed its control connection (exit, unlink).
+      if (l->alive.load() && l->gone_acked.count(cache_id) == 0) {
+        g.unlock();
+        LogWarn("cluster %llu did not confirm it stopped using cache %lld", (unsigned long long)l->remote_cluster_id,
+                (long long)cache_id);
+        return Fail(LLM_TIMEOUT,
+                    "cluster %llu did not confirm within llm.SyncKvCacheWaitTime=%lld ms that it stopped using "
+                    "cache %lld; the cache stays registered (retry once the peer answers)",
+                    (unsigned long long)l->remote_cluster_id, (long long)wait_time_ms_, (long long)cache_id);
+      }
     }
   }
 }

@@ -46,6 +46,18 @@ Status Impl::CopyBlocks(const Cache &src, const Cache &dst, const std::vector<ui
                   src_blocks.size());
     if ((st = CheckIndexList("dst_blocks_list[" + std::to_string(k) + "]", dst_lists[k], *d)) != LLM_SUCCESS) return st;
   }
+  if (s == d) {
+    // Within one cache a block that is both read and written would make the result depend on the
+    // copy order: refuse it, as CANN does, before any byte moves.
+    std::vector<uint64_t> reads(src_blocks);
+    std::sort(reads.begin(), reads.end());
+    for (size_t k = 0; k < dst_lists.size(); ++k)
+      for (size_t i = 0; i < dst_lists[k].size(); ++i)
+        if (std::binary_search(reads.begin(), reads.end(), dst_lists[k][i]))
+          return Fail(LLM_PARAM_INVALID,
+                      "dst_blocks_list[%zu][%zu]=%llu is also a source block: source and destination blocks "
+                      "within one cache must not overlap", k, i, static_cast<unsigned long long>(dst_lists[k][i]));
+  }
   CacheUse us(*s);
   std::unique_ptr<CacheUse> ud(d != s ? new CacheUse(*d) : nullptr);
   if (!us.ok || (ud && !ud->ok)) return Fail(LLM_KV_CACHE_NOT_EXIST, "a cache was unregistered during the copy");

@@ -97,7 +97,7 @@ class Impl {
   Status FindRemote(Transfer *t, int64_t cache_id);
   Status Execute(Transfer *t, bool pull);
   // caches.cc
-  void NotifyCacheGone(int64_t cache_id);
+  Status NotifyCacheGone(int64_t cache_id, int64_t deadline);
 
  public:
   const uint64_t cluster_id_;

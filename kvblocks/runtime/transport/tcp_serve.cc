@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The serving side of a data channel. Runs on runtime threads only (never Python), and checks
 // every request against this process's own cache table: a peer's offsets are never trusted.
+#include <errno.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -117,9 +119,11 @@ bool ServeRequest(int fd, const FrameHeader &h, const std::string &payload, cons
     st = LLM_OUT_OF_MEMORY;
   }
   std::unique_ptr<CacheUse> use;
+  std::unique_ptr<ServingFd> serving;  // released before `use`
   if (st == LLM_SUCCESS) {
     use.reset(new CacheUse(*req.cache));
     if (!use->ok) st = LLM_KV_CACHE_NOT_EXIST;  // unregistered while we checked
+    else serving.reset(new ServingFd(req.cache.get(), fd));
   }
   const bool inline_data = (h.flags & kFlagInline) != 0;
   if (h.type == kReadReq) return st == LLM_SUCCESS ? ServeRead(fd, req) : Reply(fd, kReadResp, st);
@@ -132,7 +136,13 @@ void ServeChannel(int fd, Link *link, const CacheRegistry &caches) {
   std::string payload;
   for (;;) {
     FrameHeader h;
-    const IoResult hr = RecvHeader(fd, &h, 0);
+    // Idle between requests for as long as the peer likes; once a frame has begun, all of it
+    // must arrive within kFrameNs.
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, -1) < 0 && errno != EINTR) break;
+    if ((p.revents & POLLIN) == 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0) break;
+    if ((p.revents & POLLIN) == 0) continue;
+    const IoResult hr = RecvHeader(fd, &h, NowNs() + kFrameNs);
     if (hr != IoResult::kOk) {
       if (hr == IoResult::kError) SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + kErrorReplyNs);
       break;
