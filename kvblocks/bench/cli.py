@@ -13,9 +13,10 @@ Groups (``--case`` takes a group name or a glob over case ids, repeatable):
   import      ``import kvblocks`` in a fresh interpreter
 
 The peer is a real second process (multiprocessing spawn) holding its own LlmDataDist.
-Each case is measured in alternating turns with its baseline. ``--vs nixl`` / ``--vs mooncake``
-measure the same-host and TCP cases through those engines in the same alternating rounds as the
-kvblocks case (optional; skipped with a message when they are not importable).
+Each case is measured in alternating turns with its baseline; a push case also with its pull
+counterpart (so their ratio is direct). ``--vs nixl`` / ``--vs mooncake`` measure the same-host
+and TCP cases through those engines in the same alternating rounds as the kvblocks case
+(optional; skipped with a message when they are not importable).
 
 Examples::
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Runs the selected cases: each case in alternating turns with its baseline and with the peer
-engines compared with it."""
+"""Runs the selected cases: each case in alternating turns with its baseline, with its pull
+counterpart (push cases) and with the peer engines compared with it."""
 from __future__ import annotations
 
 import statistics
@@ -8,7 +8,7 @@ import sys
 
 from .common import TRANSPORT, transfer_key
 from .engines import ENGINE_PATHS
-from .timing import LocalSide, measure_interleaved, summarize
+from .timing import LocalSide, measure_interleaved, median_ratio, summarize
 
 SECTIONS = (("validation", "Validation: block-list checks vs a pure-Python loop"),
             ("dispatch", "In-process dispatch: pull_kv_blocks vs memcpy of the same bytes"),
@@ -90,6 +90,14 @@ def _new_row(c):
             "engine": "kvblocks" if c.group != "base" else "numpy"}
 
 
+def _pull_of(c, by_id):
+    """The pull case measured beside push case ``c``, when both are selected."""
+    key = transfer_key(c.id)
+    if key and key[2] == "push":
+        return by_id.get(f"{key[0]}/{key[1]}/pull/{key[3]}")
+    return None
+
+
 class _Run:
     def __init__(self, cases, h, scale, paired, engines):
         self.h, self.scale, self.paired, self.engines = h, scale, paired, engines
@@ -98,7 +106,7 @@ class _Run:
         self.peer_rows = []
 
     def sides(self, c, fn):
-        """[(name, side)]: the case first, then its baseline."""
+        """[(name, side)]: the case first, then its baseline, its pull counterpart, engines."""
         b = self.by_id.get(c.baseline or "")
         if not (self.paired and b is not None and b.custom is None):
             b = None
@@ -108,6 +116,9 @@ class _Run:
             if b.id not in self.made:
                 self.made[b.id] = b.make(self.h)[0]
             out.append(("baseline", LocalSide(self.made[b.id], fast)))
+        pull = _pull_of(c, self.by_id)
+        if pull is not None:
+            out.append(("pull", LocalSide(pull.make(self.h)[0], c.fast)))
         return out
 
     def case(self, c):
@@ -136,6 +147,9 @@ class _Run:
         row.update(summarize(by_name["case"]))
         if "baseline" in by_name:
             row["paired_baseline_median_s"] = statistics.median(by_name["baseline"])
+        if "pull" in by_name:  # pull and push from the same rounds: their ratio needs no baseline
+            row["paired_pull_median_s"] = statistics.median(by_name["pull"])
+            row["pull_vs_push"] = median_ratio(by_name["pull"], by_name["case"])
         for (side, prow), samples in zip(engines, got[len(sides):]):
             self.finish_engine(side, prow, samples, row)
 

@@ -3,9 +3,9 @@
 
 A *side* is anything with ``calibrate(n) -> seconds per call`` and ``turn(batch, m) -> samples``:
 a function in this process (:class:`LocalSide`) or a peer engine in its own process
-(:class:`kvblocks.bench.engine_side.EngineSide`). A case, its baseline and the peer engines
-compared with it are measured in the same rounds, one turn each, so that a load change on a
-shared machine hits all of them alike and their ratios can be taken directly.
+(:class:`kvblocks.bench.engines.EngineSide`). A case, its baseline, its pull counterpart and the
+peer engines compared with it are measured in the same rounds, one turn each, so that a load
+change on a shared machine hits all of them alike and their ratios can be taken directly.
 """
 from __future__ import annotations
 
@@ -107,3 +107,12 @@ def summarize(samples):
         deciles = statistics.quantiles(s, n=10, method="inclusive")
         p10, p90 = deciles[0], deciles[-1]
     return {"median_s": statistics.median(s), "p10_s": p10, "p90_s": p90, "min_s": s[0], "n": len(s)}
+
+
+def median_ratio(a, b):
+    """median(a) / median(b): two sides' samples from the same rounds. Raises nothing; None when
+    either is empty or b's median is 0."""
+    if not a or not b:
+        return None
+    mb = statistics.median(b)
+    return statistics.median(a) / mb if mb else None
