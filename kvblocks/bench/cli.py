@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 
 from .cases import all_cases, select
@@ -107,19 +108,20 @@ def _write_files(args, meta, rows, peer_rows, tg, skipped):
                        "skipped": skipped}, f, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(markdown(rows, peer_rows, tg, skipped))
-    if args.plot and plot(rows, peer_rows, args.plot):
+            f.write(markdown(rows, peer_rows, tg, skipped, meta))
+    if args.plot and plot(rows, peer_rows, args.plot, meta):
         print(f"\nplot written to {args.plot}")
 
 
 def _measure(args, chosen, engines):
+    load_start = os.getloadavg()
     h = Harness()
     try:
         rows, peer_rows = run_cases(chosen, h, 0.3 if args.quick else 1.0, not args.no_progress,
                                     not args.no_pairing, engines)
     finally:
         h.close()
-    return rows, peer_rows, machine()
+    return rows, peer_rows, machine(load_start)
 
 
 def main(argv=None) -> int:

@@ -1,5 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Output: plain and Markdown tables (tabulate), the machine description, the plot (matplotlib)."""
+"""Output: plain and Markdown tables (tabulate), the machine description, the plot (matplotlib).
+
+Every format carries the CPU count and the load average before and after the run: on a shared
+machine they say how far the absolute times can be trusted.
+"""
 from __future__ import annotations
 
 import os
@@ -79,18 +83,29 @@ def targets_table(tg, markdown=False):
     return _tabulate(["target", "measured", "goal", "holds", "detail"], lines, markdown)
 
 
+def _load(la):
+    return "/".join(f"{x:.2f}" for x in la)
+
+
+def load_line(meta):
+    """``2 cores, load average 1.02/0.88/0.60 (1/5/15 min) at start, ... at end``. Raises nothing."""
+    return (f"{meta['cores']} cores, load average {_load(meta['load_avg_start'])} (1/5/15 min) at start, "
+            f"{_load(meta['load_avg'])} at end")
+
+
 def header(meta):
     """The first line of the plain-text report. Raises nothing."""
-    return f"kvblocks {meta['kvblocks']} bench  {meta['date']}  {meta['cores']} cores  {meta['cpu']}"
+    return f"kvblocks {meta['kvblocks']} bench  {meta['date']}  {load_line(meta)}  {meta['cpu']}"
 
 
-def markdown(rows, peer_rows, tg, skipped=()):
-    """The tables as Markdown, one per section (what bench/RESULTS.md holds).
+def markdown(rows, peer_rows, tg, skipped=(), meta=None):
+    """The tables as Markdown, one per section (what bench/RESULTS.md holds), after a line with
+    the machine's cores and load.
 
     Raises:
         ImportError: tabulate is not installed.
     """
-    out = []
+    out = [f"_kvblocks {meta['kvblocks']}, {meta['date']}, {meta['cpu']}, {load_line(meta)}._", ""] if meta else []
     if tg:
         out += ["### Targets", "", targets_table(tg, True), ""]
     for key, title in SECTIONS:
@@ -124,17 +139,20 @@ def _memory():
         return ""
 
 
-def machine():
-    """The machine, this interpreter, kvblocks' version, the CPU count and the load average.
+def machine(load_start=None):
+    """The machine, this interpreter, kvblocks' version, the CPU count and the load average now
+    (``load_avg``) and at the start of the run (``load_avg_start``, default: now).
 
     Raises:
         OSError: the load average is unavailable (not on Linux or macOS).
     """
     import kvblocks
 
+    now = os.getloadavg()
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cpu": _cpu_name(), "cores": os.cpu_count(),
             "memory": _memory(), "kernel": platform.release(), "python": platform.python_version(),
-            "kvblocks": getattr(kvblocks, "__version__", "?"), "load_avg": os.getloadavg()}
+            "kvblocks": getattr(kvblocks, "__version__", "?"), "load_avg": now,
+            "load_avg_start": tuple(load_start) if load_start else now}
 
 
 def _series(rows, peer_rows):
@@ -162,7 +180,7 @@ def _series(rows, peer_rows):
     return series
 
 
-def plot(rows, peer_rows, path):
+def plot(rows, peer_rows, path, meta=None):
     """Bandwidth vs bytes per call per path into ``path`` (PNG); True when written, False (with a
     hint on stderr) when matplotlib is missing.
 
@@ -187,7 +205,8 @@ def plot(rows, peer_rows, path):
     ax.set_yscale("log")
     ax.set_xlabel("bytes per call")
     ax.set_ylabel("GB/s (median)")
-    ax.set_title("kvblocks: bandwidth vs transfer size per path")
+    title = "kvblocks: bandwidth vs transfer size per path"
+    ax.set_title(title + (f"\n{meta['date']}, {load_line(meta)}" if meta else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
