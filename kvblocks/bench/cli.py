@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``python -m kvblocks bench``: the benchmark matrix, each case next to a baseline from the same run.
+"""kvblocks bench: the benchmark matrix, each case next to a baseline from the same run.
 
-Groups (``--case`` takes a group name or a glob over case ids, repeatable):
+Groups (--case takes a group name or a glob over case ids, repeatable):
 
   validation  block-list checks at 16/1k/64k/1M blocks vs a pure-Python loop
   dispatch    in-process pull_kv_blocks of 16 blocks vs a memcpy of the same bytes
@@ -10,19 +10,19 @@ Groups (``--case`` takes a group name or a glob over case ids, repeatable):
               random and contiguous ids, vs numpy memcpy and numpy block gather
   tcp         the same over kvblocks.Transport=tcp vs a raw socket and a raw 8-byte ping-pong
   scaling     time vs bytes per call, vs blocks per call at fixed bytes, vs layers
-  import      ``import kvblocks`` in a fresh interpreter
+  import      import kvblocks in a fresh interpreter
 
 The peer is a real second process (multiprocessing spawn) holding its own LlmDataDist.
 Each case is measured in alternating turns with its baseline; a push case also with its pull
-counterpart (so their ratio is direct). ``--vs nixl`` / ``--vs mooncake`` measure the same-host
+counterpart (so their ratio is direct). --vs nixl / --vs mooncake measure the same-host
 and TCP cases through those engines in the same alternating rounds as the kvblocks case
 (optional; skipped with a message when they are not importable).
 
-Examples::
+Examples:
 
-  python -m kvblocks bench                         # everything (~2 minutes on 2 cores)
-  python -m kvblocks bench --case shm --case tcp --json out.json --plot bw.png
-  python -m kvblocks bench --case 'shm/small/*' --vs nixl
+  kvblocks bench                         # everything (~2 minutes on 2 cores)
+  kvblocks bench --case shm --case tcp --json out.json --plot bw.png
+  kvblocks bench --case 'shm/small/*' --vs nixl
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ DEPS = ("numpy", "tabulate", "tqdm")  # the bench extra; matplotlib stays option
 
 
 def _parser():
-    ap = argparse.ArgumentParser(prog="python -m kvblocks bench", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="kvblocks bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--case", action="append", default=[], metavar="GROUP|GLOB",
