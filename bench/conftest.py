@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """pytest-benchmark suite: ``pytest bench/`` (not part of the normal ``pytest`` run, testpaths=tests).
 
-Every case comes from ``kvblocks.benchmark`` (the same matrix as ``python -m kvblocks bench``), so the
+Every case comes from ``kvblocks.bench`` (the same matrix as ``python -m kvblocks bench``), so the
 two never disagree on what a case moves. The peer is a real second process (multiprocessing
 spawn) holding its own LlmDataDist; one per transport, shared by the whole session. Each
 transfer case also checks once that the moved blocks are the right ones.
@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("numpy", reason="the benchmarks need numpy: pip install 'kvblocks[bench]'")
 pytest.importorskip("pytest_benchmark", reason="the benchmarks need pytest-benchmark: pip install 'kvblocks[bench]'")
 
-from kvblocks import benchmark as kbb  # noqa: E402
+from kvblocks import bench as kbb  # noqa: E402
 
 # rounds for slow (large) cases, timed one call per round after warm-up calls
 LARGE_ROUNDS = 10

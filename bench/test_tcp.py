@@ -3,7 +3,7 @@
 the same bytes to the peer process, and a raw 8-byte ping-pong."""
 import pytest
 
-from kvblocks.benchmark import cases_for
+from kvblocks.bench import cases_for
 
 
 @pytest.mark.parametrize("case", cases_for(["tcp"]), ids=str)

@@ -103,6 +103,7 @@ def test_flags_in_the_order_given(tmp_path):
 def test_bench_gets_its_arguments(tmp_path):
     r = cli("bench", "--help", tmp_path=tmp_path)
     assert r.returncode == 0 and "usage:" in r.stdout and "--case" in r.stdout, r
+    assert not RST.search(r.stdout), r.stdout
 
 
 def test_public_functions_say_what_they_raise():

@@ -1,0 +1,229 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Baselines measured beside the kvblocks cases: numpy memcpy and block gather, raw CMA
+syscalls, a raw loopback socket (sink and 8-byte ping-pong) and a pure-Python block-list check."""
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+
+from .common import MiB, SIZES, Case, human_bytes
+from .common import np as _np
+from .markers import id_lists
+
+
+# ----------------------------------------------------------------------------- raw socket server (peer side)
+def raw_server(lsock):
+    """Accepts connections on ``lsock`` until it is closed, one serving thread each. Raises nothing."""
+    while True:
+        try:
+            conn, _ = lsock.accept()
+        except OSError:
+            return
+        threading.Thread(target=_raw_conn, args=(conn,), daemon=True).start()
+
+
+def _recv_exact(conn, mv):
+    got = 0
+    while got < len(mv):
+        k = conn.recv_into(mv[got:min(len(mv), got + 4 * MiB)])
+        if not k:
+            raise EOFError
+        got += k
+
+
+def _raw_conn(conn):
+    """'S' = sink (8-byte length, payload, 1-byte ack), 'P' = 8-byte echo."""
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    mode = conn.recv(1)
+    hdr = bytearray(8)
+    buf = bytearray(1)
+    try:
+        while True:
+            _recv_exact(conn, memoryview(hdr))
+            if mode == b"P":
+                conn.sendall(hdr)
+                continue
+            n = int.from_bytes(hdr, "little")
+            if len(buf) < n:
+                buf = bytearray(n)
+            _recv_exact(conn, memoryview(buf)[:n])
+            conn.sendall(b"k")
+    except (EOFError, OSError):
+        conn.close()
+
+
+def _raw_socket(h, mode):
+    s = socket.create_connection(("127.0.0.1", h.raw_port()))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(mode)
+    h.sockets.append(s)
+    return s
+
+
+# ----------------------------------------------------------------------------- cases
+def memcpy_case(nbytes, id=None, group="base", pgroup=None, reps=None):
+    """``np.copyto`` of ``nbytes``. Raises nothing (the case's ``make`` raises MemoryError if it must)."""
+    def make(h):
+        np = _np()
+        src = np.full(nbytes, 7, dtype=np.uint8)
+        dst = np.zeros(nbytes, dtype=np.uint8)
+        copyto = np.copyto
+        return (lambda: copyto(dst, src)), None
+
+    rep = reps or ("large" if nbytes >= 16 * MiB else "small")
+    return Case(id or f"base/memcpy/{human_bytes(nbytes)}", group, make, bytes=nbytes, reps=rep,
+                fast=nbytes <= 256 * 1024, pgroup=pgroup)
+
+
+def gather_case(size, pattern):
+    """numpy gather (``np.take``) of the same blocks as the ``size``/``pattern`` transfer cases,
+    one process. Raises nothing."""
+    L, nb, bb, B = SIZES[size]
+
+    def make(h):
+        np = _np()
+        rng = np.random.default_rng(7)
+        src = [np.full((nb, bb), t, dtype=np.uint8) for t in range(2 * L)]
+        out = np.zeros((2 * L, B, bb), dtype=np.uint8)
+        it = itertools.cycle([(s.astype(np.intp), d) for s, d in id_lists(rng, nb, B, pattern, 64)])
+        take = np.take
+
+        def fn():
+            s, _ = next(it)
+            for t in range(2 * L):
+                take(src[t], s, axis=0, out=out[t], mode="clip")  # "raise" would buffer out (2 copies)
+        return fn, None
+
+    return Case(f"base/gather/{size}/{pattern}", "base", make, bytes=2 * L * B * bb, blocks=2 * L * B,
+                reps=size, note="np.take of the blocks into a staging array, one process",
+                pgroup=f"samehost-{size}")
+
+
+def _cma_call(direction):
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    f = libc.process_vm_readv if direction == "pull" else libc.process_vm_writev
+    f.restype = ctypes.c_ssize_t
+    f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    return f, ctypes.get_errno
+
+
+def _cma_iovecs(p, raddrs, direction, pattern, B):
+    """(local, remote) iovec arrays, one iovec per block, for 8 id lists."""
+    np = _np()
+    la = np.array([a.ctypes.data for a in p.arrays], dtype=np.uint64)[:, None]
+    ra = np.array(raddrs, dtype=np.uint64)[:, None]
+    prepared = []
+    for s, d in id_lists(np.random.default_rng(3), p.nb, B, pattern, 8):
+        remote, local = (s, d) if direction == "pull" else (d, s)
+        liov = np.empty((p.nt * B, 2), dtype=np.uint64)
+        riov = np.empty((p.nt * B, 2), dtype=np.uint64)
+        liov[:, 0] = (la + local[None, :] * np.uint64(p.bb)).ravel()
+        riov[:, 0] = (ra + remote[None, :] * np.uint64(p.bb)).ravel()
+        liov[:, 1] = p.bb
+        riov[:, 1] = p.bb
+        prepared.append((liov, riov))
+    return prepared
+
+
+def raw_cma_case(size, direction, pattern):
+    """process_vm_readv/writev through ctypes on the same blocks of the peer's registered arrays:
+    one iovec per block, 1024 per syscall, iovecs built before timing (the kernel's CMA cost).
+    Raises nothing; the case's ``fn`` raises OSError when a syscall moves fewer bytes."""
+    L, nb, bb, B = SIZES[size]
+
+    def make(h):
+        p = h.pair("cma", 2 * L, nb, bb)
+        pid, raddrs = p.peer.call("addrs", p.rkey)
+        f, errno = _cma_call(direction)
+        it = itertools.cycle(_cma_iovecs(p, raddrs, direction, pattern, B))
+        n = 2 * L * B
+
+        def fn():
+            liov, riov = next(it)
+            lp, rp = liov.ctypes.data, riov.ctypes.data
+            for k in range(0, n, 1024):
+                m = min(1024, n - k)
+                if f(pid, lp + k * 16, m, rp + k * 16, m, 0) != m * bb:
+                    raise OSError(errno(), "process_vm_readv/writev failed")
+        return fn, None
+
+    return Case(f"base/raw-cma/{size}/{direction}/{pattern}", "cma", make, baseline=f"base/gather/{size}/{pattern}",
+                bytes=2 * L * B * bb, blocks=2 * L * B, reps=size, path="raw",
+                note="ctypes process_vm_readv/writev, 1 iovec per block, iovecs prebuilt",
+                pgroup=f"samehost-{size}")
+
+
+def raw_send_case(size):
+    """Python ``sendall`` of the bytes of one ``size`` call to the peer, which acks with 1 byte.
+    Raises nothing; the case's ``fn`` raises RuntimeError on a bad ack, OSError on socket errors."""
+    L, nb, bb, B = SIZES[size]
+    nbytes = 2 * L * B * bb
+
+    def make(h):
+        s = _raw_socket(h, b"S")
+        payload = bytearray(nbytes)
+        hdr = nbytes.to_bytes(8, "little")
+
+        def fn():
+            s.sendall(hdr)
+            s.sendall(payload)
+            if s.recv(1) != b"k":
+                raise RuntimeError("raw sink: bad ack")
+        return fn, None
+
+    return Case(f"tcp/raw-send/{size}", "tcp", make, bytes=nbytes, reps=size, path="raw",
+                note="Python sendall of the same bytes to the peer process + 1-byte ack", pgroup=f"tcp-{size}")
+
+
+def pingpong_case():
+    """An 8-byte request/response round trip with the peer. Raises nothing; the case's ``fn``
+    raises OSError on socket errors."""
+    def make(h):
+        s = _raw_socket(h, b"P")
+        msg = b"12345678"
+
+        def fn():
+            s.sendall(msg)
+            got = s.recv(8)
+            while len(got) < 8:
+                got += s.recv(8 - len(got))
+        return fn, None
+
+    return Case("tcp/raw-pingpong-8B", "tcp", make, bytes=8, reps="small", path="raw",
+                note="8-byte request/response round trip, TCP_NODELAY, Python", pgroup="tcp-small")
+
+
+def gather_rows_case(n, bb, pgroup):
+    """numpy gather of n random rows of bb bytes (np.take into a staging array), one process.
+    Raises nothing."""
+    def make(h):
+        np = _np()
+        rng = np.random.default_rng(n)
+        src = np.full((n, bb), 3, dtype=np.uint8)
+        out = np.zeros((n, bb), dtype=np.uint8)
+        it = itertools.cycle([rng.permutation(n) for _ in range(3)])
+        take = np.take
+        return (lambda: take(src, next(it), axis=0, out=out, mode="clip")), None
+
+    return Case(f"base/gather/{n}x{human_bytes(bb)}", "base", make, bytes=n * bb, blocks=n,
+                reps="large" if n * bb >= 4 * MiB or n >= 65536 else "small", pgroup=pgroup,
+                note="np.take of n random rows into a staging array, one process")
+
+
+def py_validate(src, dst, limit):
+    """The pure-Python block-list check the validation cases compare with.
+
+    Raises:
+        ValueError: empty or unequal lists, a non-int or negative id, or a dst id >= ``limit``.
+    """
+    if not src or len(src) != len(dst):
+        raise ValueError("bad lengths")
+    for x in src:
+        if type(x) is not int or x < 0:
+            raise ValueError(x)
+    for x in dst:
+        if type(x) is not int or x < 0 or x >= limit:
+            raise ValueError(x)

@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Sizes, the repetition policy and small helpers shared by the benchmark modules."""
+from __future__ import annotations
+
+KiB = 1024
+MiB = 1024 * 1024
+
+# (layers, num_blocks, block_bytes, blocks per call); tensors = 2 * layers
+SIZES = {
+    "small": (2, 64, 4 * KiB, 4),
+    "large": (32, 256, 64 * KiB, 64),
+}
+# per-size repetition policy: (warmup calls, min reps, max reps, time budget s)
+REPS = {
+    "small": (50, 200, 3000, 0.4),
+    "large": (2, 8, 40, 0.6),
+}
+VALIDATION_NS = (16, 1024, 65536, 1048576)
+SCALE_BLOCK_BYTES = (1 * KiB, 4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB)
+SCALE_FIXED_BYTES = 16 * MiB
+SCALE_BLOCKS = (16, 1024, 65536, 1048576)
+SCALE_BLOCKS_64B = (1024, 65536, 1048576)
+SCALE_LAYERS = (1, 2, 4, 8, 16, 32, 64)
+DISPATCH_SHAPES = ((4 * KiB, 1), (16, 1), (16, 4))  # (block bytes, tensors) of the in-process caches
+TRANSPORT = {"shm": "auto", "cma": "auto", "tcp": "tcp"}
+KIND = {"shm": "alloc", "cma": "reg", "tcp": "alloc"}
+TRANSFER_PATHS = ("shm", "cma", "tcp")
+
+
+def np():
+    """numpy, imported on first use so that a missing numpy gets the CLI's install hint.
+
+    Raises:
+        ImportError: numpy is not installed.
+    """
+    import numpy
+
+    return numpy
+
+
+def human_bytes(n):
+    """``n`` bytes as the largest exact binary unit: ``64KiB``, ``16MiB``, ``256B``. Raises nothing."""
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k}{unit}"
+    return f"{n}B"
+
+
+def transfer_key(case_id):
+    """``(path, size, direction, pattern)`` for a kvblocks transfer case id such as
+    ``shm/small/pull/random``, else None. Raises nothing."""
+    parts = case_id.split("/")
+    if len(parts) == 4 and parts[0] in TRANSFER_PATHS:
+        return tuple(parts)
+    return None
+
+
+class Case:
+    """One row. ``make(h)`` returns ``(fn, verify)``: ``fn()`` runs one call, ``verify()`` (or None)
+    returns the number of bad blocks after one extra checked call."""
+
+    def __init__(self, id, group, make, *, baseline=None, bytes=0, blocks=0, reps="small",
+                 path="", fast=False, note="", pgroup=None, series=None):
+        """Describes the case; runs nothing. Raises nothing."""
+        self.id, self.group, self.make, self.baseline = id, group, make, baseline
+        self.bytes, self.blocks, self.reps, self.path = bytes, blocks, reps, path
+        self.fast = fast  # sub-10us: time batches of calls
+        self.note = note
+        self.pgroup = pgroup or group  # pytest-benchmark group
+        self.series = series
+        self.custom = None  # a function(h) -> samples in seconds (import times)
+
+    def __repr__(self):
+        return self.id

@@ -1,0 +1,80 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The project's performance targets, checked against one run's rows."""
+from __future__ import annotations
+
+NIXL_SMALL_REF_S = 45e-6  # peers.md, used only when NIXL did not run
+
+
+def _base_med(r, by):
+    return r.get("paired_baseline_median_s") or by[r["baseline"]]["median_s"]
+
+
+def _samehost(by, pe, add):
+    for path in ("shm", "cma"):
+        r = by.get(f"{path}/small/pull/random")
+        if r:
+            n = pe.get(f"nixl/{path}/small/pull/random")
+            ref, src = (n["median_s"], "NIXL same run, interleaved") if n else (NIXL_SMALL_REF_S, "NIXL 45 us from peers.md")
+            v = r["median_s"] / ref
+            add(f"{path} small pull random vs NIXL", f"{v:.3f}x", "<= 0.25x", v <= 0.25,
+                f"{r['median_s'] * 1e6:.1f} us vs {ref * 1e6:.1f} us ({src})")
+        for d in ("pull", "push"):
+            r = by.get(f"{path}/large/{d}/random")
+            if r and r.get("ratio"):
+                v = 1 / r["ratio"]
+                gb = r["bytes"] / _base_med(r, by) / 1e9
+                add(f"{path} large {d} random vs numpy gather", f"{v:.2f}x bw", ">= 0.9x", v >= 0.9,
+                    f"{r['GBps']:.2f} vs {gb:.2f} GB/s (interleaved)")
+
+
+def _tcp(by, add):
+    for d in ("pull", "push"):
+        r = by.get(f"tcp/large/{d}/random")
+        if r and r.get("ratio"):
+            v = 1 / r["ratio"]
+            gb = r["bytes"] / _base_med(r, by) / 1e9
+            add(f"tcp large {d} random vs raw socket", f"{v:.2f}x bw", ">= 0.8x", v >= 0.8,
+                f"{r['GBps']:.2f} vs {gb:.2f} GB/s (interleaved)")
+    r = by.get("tcp/large/push/random")
+    if r and r.get("pull_vs_push"):
+        v = r["pull_vs_push"]  # pull and push measured in the same rounds
+        add("tcp large pull vs push time", f"{v:.2f}x", "within 10%", abs(v - 1) <= 0.10,
+            f"{r['bytes'] / r['paired_pull_median_s'] / 1e9:.2f} vs {r['GBps']:.2f} GB/s; "
+            "pull and push interleaved")
+    r = by.get("tcp/small/pull/random")
+    if r and r.get("ratio"):
+        v = r["ratio"]
+        add("tcp small pull random vs ping-pong RTT", f"{v:.2f}x", "<= 3x", v <= 3,
+            f"{r['median_s'] * 1e6:.1f} us vs {_base_med(r, by) * 1e6:.1f} us (interleaved)")
+
+
+def _inprocess(by, add):
+    r = by.get("dispatch/pull-16x16B")
+    if r:
+        add("in-process dispatch, 16 blocks", f"{r['median_s'] * 1e6:.2f} us", "<= 1 us", r["median_s"] <= 1e-6,
+            "validation + call, ndarray ids, 16-byte blocks")
+    r = by.get("validation/ndarray/1048576")
+    if r:
+        v = r["median_s"] / r["blocks"] * 1e9
+        add("validation at 1M blocks", f"{v:.2f} ns/block", "<= 2 ns/block", v <= 2, "numpy uint64 ids")
+    r = by.get("import/kvblocks")
+    if r:
+        add("import kvblocks", f"{r['median_s'] * 1e3:.1f} ms", "<= 15 ms, no numpy",
+            r["median_s"] <= 15e-3 and not r.get("bad_blocks"),
+            "numpy imported!" if r.get("bad_blocks") else "numpy not imported")
+
+
+def targets(rows, peer_rows):
+    """[{"target", "value", "goal", "ok", "detail"}] for every target whose rows were measured.
+    Raises nothing."""
+    by = {r["id"]: r for r in rows if r.get("median_s")}
+    pe = {r["id"]: r for r in peer_rows if r.get("median_s")}
+    out = []
+
+    def add(name, value, goal, ok, detail):
+        out.append({"target": name, "value": value, "goal": goal, "ok": ok, "detail": detail})
+
+    _samehost(by, pe, add)
+    _tcp(by, add)
+    _inprocess(by, add)
+    return out
