@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -348,11 +349,6 @@ Status Impl::UnlinkOne(const ClusterInfo &ci, int32_t timeout_ms, bool force) {
     return LLM_SUCCESS;
   }
   const int64_t deadline = NowNs() + static_cast<int64_t>(timeout_ms) * kMsNs;
-  {
-    // From here the peer's own UNLINK counts as its acknowledgement: both want the link gone.
-    std::lock_guard<std::mutex> g(link->mu);
-    link->unlinking = true;
-  }
   const bool sent = link->SendCtrl(kUnlink, deadline);
   bool acked = false;
   {
@@ -492,7 +488,10 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
   if (confirm.local_exchange && lfd >= 0) {
     std::vector<std::shared_ptr<CacheEntry>> keep;
     const LocalFds fds = OurMemfds(mine.info.caches, &keep);
-    AcceptLocalExchange(lfd, mine.info.local_key, theirs.info.local_key, fds, deadline, &link->local);
+    // The opener connected before sending CONFIRM: an honest one answers at once, so a peer that
+    // asks for the exchange and never connects holds us kAuthNs at most.
+    AcceptLocalExchange(lfd, mine.info.local_key, theirs.info.local_key, fds, std::min(deadline, NowNs() + kAuthNs),
+                        &link->local);
   }
   if (lfd >= 0) close(lfd);
   lfd = -1;

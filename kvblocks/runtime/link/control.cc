@@ -27,9 +27,10 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
     CacheRef ref;
     if (h.type == kUnlink) {
       {
-        // Both ends unlinking at once: the peer's UNLINK is the answer our own UnlinkOne waits for.
+        // Both ends unlinking at once: the peer's UNLINK answers our own UnlinkOne as well, even one
+        // that has not sent its UNLINK yet -- both sides want the link gone, and it is.
         std::lock_guard<std::mutex> g(link->mu);
-        if (link->unlinking) link->unlink_acked = true;
+        link->unlink_acked = true;
         link->cv.notify_all();
       }
       // Remove the link before acknowledging, so nothing the peer does after our ack still sees it.

@@ -73,8 +73,7 @@ struct Link {
   int64_t reverse_refused_at = 0;
   int served_channels = 0;    // acceptor: forward channels it serves
   bool linked_by_us = false;  // LinkLlmClusters returned success for it here (else: accepted only)
-  bool unlinking = false;     // our UnlinkLlmClusters is waiting: the peer's own UNLINK acks it
-  bool unlink_acked = false;
+  bool unlink_acked = false;  // UNLINK_ACK, or the peer's own UNLINK
   std::set<int64_t> gone_acked;  // our cache ids the peer confirmed it stopped using
   std::mutex ctrl_write_mu;
 
