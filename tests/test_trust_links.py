@@ -2,7 +2,6 @@
 """Links, identity and the handshake (README "Security and threat model"): nothing a peer says widens
 what it can touch, links survive both sides acting at once, the cluster id is checked, and everything
 before authentication is bounded."""
-import ctypes
 import os
 import signal
 import socket
@@ -16,7 +15,7 @@ import pytest
 import kvblocks as kb
 from conftest import cluster, free_port
 from hostile import (AUTH, BIND, CHALLENGE, CONFIRM, CONFIRM_ACK, HDR, HELLO, HELLO_ACK, LINK_INFO, MAGIC, READ_REQ,
-                     READ_RESP, authenticate, handshake, link_info, open_link, parse_link_info, recv_exact,
+                     READ_RESP, handshake, link_info, open_link, parse_link_info, recv_exact,
                      recv_frame, send_frame)
 from procs import Peer
 
@@ -407,5 +406,69 @@ def test_no_call_succeeds_through_a_dead_peers_mapping():
             peer.close()
             me.unlink_llm_clusters([cluster(1, port)], force=True)
             me.deallocate_cache(dst)
+    finally:
+        me.finalize()
+
+
+def test_refused_reverse_channels_are_not_counted_forever():
+    """Contract: pending_reverse is released when a reverse channel is refused. An opener that refuses
+    every OPEN_REVERSE (REVERSE_REFUSED) leaves the listener's pushes sharing the one reverse channel:
+    they all succeed, and the listener keeps asking (a leaked count would stop it after 7 requests)."""
+    from hostile import OPEN_REVERSE, REVERSE_REFUSED, WRITE_DONE, WRITE_REQ
+    port = free_port()
+    me = _engine(1, port)
+    try:
+        src = me.allocate_cache(kb.CacheDesc(2, kb.DataType.DT_UINT8, [8, 512]))
+        info = link_info(77, table=struct.pack("<I", 1) + _table_entry(5, [0x10, 0x20]))
+        ctrl, status, payload = handshake(port, 1, 77, info=info)
+        assert status == 0
+        token = payload[8:24]
+        send_frame(ctrl, CONFIRM, struct.pack("<qB", 0, 0))
+        assert recv_frame(ctrl)[:2] == (CONFIRM_ACK, 0)
+        rev, status, _ = handshake(port, 3, 77, token=token)
+        assert status == 0
+        asked = []
+
+        def refuse():
+            try:
+                while True:
+                    t, _, _ = recv_frame(ctrl)
+                    if t == OPEN_REVERSE:
+                        asked.append(t)
+                        send_frame(ctrl, REVERSE_REFUSED)
+            except (ConnectionError, OSError):
+                pass
+
+        def serve():
+            try:
+                while True:
+                    t, _, body = recv_frame(rev)
+                    assert t == WRITE_REQ
+                    recv_exact(rev, struct.unpack_from("<Q", body, 32)[0])
+                    time.sleep(0.05)  # slow, so concurrent pushes need another channel
+                    send_frame(rev, WRITE_DONE)
+            except (ConnectionError, OSError, AssertionError):
+                pass
+
+        threading.Thread(target=refuse, daemon=True).start()
+        threading.Thread(target=serve, daemon=True).start()
+        errors = []
+
+        def push():
+            try:
+                me.push_kv_blocks(src, kb.CacheIndex(77, 5), [0], [0])
+            except kb.LLMException as e:
+                errors.append(e)
+
+        for _ in range(4):
+            ts = [threading.Thread(target=push) for _ in range(3)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(10)
+        assert not errors, errors
+        assert len(asked) > 7
+        ctrl.close()
+        rev.close()
     finally:
         me.finalize()
