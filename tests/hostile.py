@@ -5,10 +5,12 @@ import socket
 import struct
 
 MAGIC = 0x3142564B
-VERSION = 2
+VERSION = 3
 CAP_TCP = 1
 HDR = struct.Struct("<IHHIIQ")
-HELLO, CHALLENGE, AUTH, HELLO_ACK, CONFIRM, CONFIRM_ACK = 1, 2, 3, 4, 5, 6
+HELLO, CHALLENGE, AUTH, HELLO_ACK, CONFIRM, CONFIRM_ACK, BIND, LINK_INFO = 1, 2, 3, 4, 5, 6, 7, 8
+UNLINK, UNLINK_ACK, OPEN_REVERSE, REVERSE_REFUSED = 10, 11, 12, 15
+FLAG_CROSSING = 2
 READ_REQ, READ_RESP, WRITE_REQ, WRITE_READY, WRITE_DONE, ERROR = 20, 21, 22, 23, 24, 30
 
 
@@ -32,25 +34,64 @@ def recv_frame(s):
     return type_, status, recv_exact(s, length) if length else b""
 
 
-def handshake(port, kind, cluster_id, token=b"\0" * 16, extra=b"", ip="127.0.0.1"):
+def authenticate(port, kind, cluster_id, ip="127.0.0.1"):
+    """HELLO .. HELLO_ACK without a token; returns (socket, HELLO_ACK status)."""
     s = socket.create_connection((ip, port), timeout=5)
-    send_frame(s, HELLO, struct.pack("<IIQ", VERSION, kind, cluster_id) + os.urandom(16) + token + extra)
+    send_frame(s, HELLO, struct.pack("<IIQ", VERSION, kind, cluster_id) + os.urandom(16))
     t, _, _ = recv_frame(s)
     assert t == CHALLENGE
     send_frame(s, AUTH, b"\0" * 33)
-    t, status, payload = recv_frame(s)
+    t, status, _ = recv_frame(s)
     assert t == HELLO_ACK
+    return s, status
+
+
+def identity(boot_id=b"\0" * 16, netns=0, instance=0, probe_addr=0, probe_value=0):
+    return boot_id + struct.pack("<QQQQ", netns, instance, probe_addr, probe_value)
+
+
+def link_info(cluster_id, caps=CAP_TCP, ident=None, clock=0, local_name=b"", local_key=b"\0" * 16,
+              table=struct.pack("<I", 0), link_token=b"\0" * 16, proof=b"\0" * 32):
+    """A LINK_INFO payload (docs/protocol.md), with whatever identity and table the caller makes up."""
+    return (struct.pack("<Q", cluster_id) + link_token + struct.pack("<Q", caps) + (ident or identity()) +
+            struct.pack("<q", clock) + bytes([len(local_name)]) + local_name + local_key + table + proof)
+
+
+def parse_link_info(payload):
+    """The fields of a LINK_INFO payload a test looks at."""
+    cluster_id, = struct.unpack_from("<Q", payload, 0)
+    token = payload[8:24]
+    caps, = struct.unpack_from("<Q", payload, 24)
+    ident = payload[32:80]
+    off = 80 + 8
+    name = payload[off + 1:off + 1 + payload[off]]
+    off += 1 + len(name)
+    key = payload[off:off + 16]
+    return dict(cluster_id=cluster_id, token=token, caps=caps, identity=ident, local_name=name, local_key=key,
+                table=payload[off + 16:-32], proof=payload[-32:])
+
+
+def handshake(port, kind, cluster_id, token=b"\0" * 16, info=None, ip="127.0.0.1"):
+    """A whole handshake: LINK_INFO on control connections (kind 1), BIND on data channels."""
+    s, status = authenticate(port, kind, cluster_id, ip)
+    assert status == 0
+    if kind == 1:
+        send_frame(s, LINK_INFO, link_info(cluster_id) if info is None else info)
+        t, status, payload = recv_frame(s)
+        assert t == LINK_INFO
+    else:
+        send_frame(s, BIND, token)
+        t, status, payload = recv_frame(s)
+        assert t == BIND
     return s, status, payload
 
 
 def open_link(port, cluster_id=77):
-    """Control handshake with a made-up identity; returns (ctrl socket, link token)."""
-    identity = b"\0" * 16 + struct.pack("<QIQQQ", 0, 0, 0, 0, 0)
-    info = struct.pack("<Q", CAP_TCP) + identity + struct.pack("<q", 0) + struct.pack("<I", 0)  # no caches
-    ctrl, status, payload = handshake(port, 1, cluster_id, extra=info)
+    """Control handshake with a made-up identity and no caches; returns (ctrl socket, link token)."""
+    ctrl, status, payload = handshake(port, 1, cluster_id)
     assert status == 0
-    token = payload[8:24]  # HELLO_ACK: cluster_id u64, link_token[16], link info
-    send_frame(ctrl, CONFIRM, struct.pack("<q", 0))
+    token = payload[8:24]  # LINK_INFO: cluster_id u64, link_token[16], link info, proof
+    send_frame(ctrl, CONFIRM, struct.pack("<qB", 0, 0))
     t, status, _ = recv_frame(ctrl)
     assert t == CONFIRM_ACK and status == 0
     return ctrl, token

@@ -76,6 +76,10 @@ def main() -> int:
                 rets = dd.link_llm_clusters([kb.ClusterInfo(cmd["cluster"], 0, [kb.IpInfo(cmd["ip"], 0)],
                                                             [kb.IpInfo(cmd["ip"], cmd["port"])])], 5000)
                 reply({"rets": [int(r) for r in rets], "path": dd.link_path(cmd["cluster"])})
+            elif op == "unlink":
+                rets = dd.unlink_llm_clusters([kb.ClusterInfo(cmd["cluster"], 0, [kb.IpInfo(cmd["ip"], 0)],
+                                                              [kb.IpInfo(cmd["ip"], cmd["port"])])], 5000)
+                reply({"rets": [int(r) for r in rets]})
             elif op in ("pull", "push"):
                 idx = kb.CacheIndex(cmd["cluster"], cmd["remote_cache"])
                 local = caches[cmd["local"]]

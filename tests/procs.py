@@ -88,12 +88,19 @@ class Peer:
         line, self._buf = self._buf.split(b"\n", 1)
         return line.decode()
 
-    def call(self, timeout=CALL_TIMEOUT_S, **cmd):
+    def send(self, **cmd):
+        """Sends a command without waiting (pair with reply()), so the peer acts while the test does."""
         try:
             self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
             self.proc.stdin.flush()
         except BrokenPipeError:
             pass  # it died: _readline reports how
+
+    def reply(self, timeout=CALL_TIMEOUT_S):
+        return json.loads(self._readline(timeout, "to answer"))
+
+    def call(self, timeout=CALL_TIMEOUT_S, **cmd):
+        self.send(**cmd)
         return json.loads(self._readline(timeout, f"to answer {cmd.get('op')!r}"))
 
     def digest(self):

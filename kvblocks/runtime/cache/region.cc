@@ -37,11 +37,13 @@ SharedRegion::~SharedRegion() {
 
 std::shared_ptr<SharedRegion> SharedRegion::Create(size_t size) {
   if (!FitsInMemory(size)) return nullptr;  // LLM_*OUT_OF_MEMORY rather than a later OOM kill
-  const int fd = memfd_create("kvblocks-cache", MFD_CLOEXEC);
+  const int fd = memfd_create("kvblocks-cache", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return nullptr;
   auto r = std::make_shared<SharedRegion>();
   r->fd = fd;
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) return nullptr;
+  // Sealed at its size: a peer that maps it can rely on every page staying there (no SIGBUS).
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) return nullptr;
   void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | PopulateFlag(size), fd, 0);
   if (p == MAP_FAILED) return nullptr;
   r->base = static_cast<uint8_t *>(p);
@@ -53,22 +55,21 @@ std::shared_ptr<SharedRegion> SharedRegion::Create(size_t size) {
   return r;
 }
 
-std::shared_ptr<SharedRegion> SharedRegion::MapPeer(int pid, int fd, uint64_t ino, uint64_t dev, size_t size) {
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
-  const int local = open(path, O_RDWR | O_CLOEXEC);
-  if (local < 0) return nullptr;
+std::shared_ptr<SharedRegion> SharedRegion::MapReceived(int fd, size_t size) {
   auto r = std::make_shared<SharedRegion>();
-  r->fd = local;
+  r->fd = fd;  // owned from here on
   struct stat st;
-  if (fstat(local, &st) != 0 || st.st_ino != ino || st.st_dev != dev || static_cast<uint64_t>(st.st_size) < size)
+  // Only a memfd sealed against shrinking: a peer truncating it later must not SIGBUS us.
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<uint64_t>(st.st_size) < size || size == 0)
     return nullptr;
-  void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | PopulateFlag(size), local, 0);
+  void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | PopulateFlag(size), fd, 0);
   if (p == MAP_FAILED) return nullptr;
   r->base = static_cast<uint8_t *>(p);
   r->size = size;
-  r->ino = ino;
-  r->dev = dev;
+  r->ino = st.st_ino;
+  r->dev = st.st_dev;
   return r;
 }
 

@@ -16,9 +16,9 @@ struct SharedRegion {
   uint64_t ino = 0, dev = 0;
   ~SharedRegion();
   static std::shared_ptr<SharedRegion> Create(size_t size);
-  // Maps a peer's region through /proc/<pid>/fd/<fd>; verifies the inode so a recycled pid or fd
-  // cannot alias another file.
-  static std::shared_ptr<SharedRegion> MapPeer(int pid, int fd, uint64_t ino, uint64_t dev, size_t size);
+  // Maps `size` bytes of a memfd a same-host peer passed with SCM_RIGHTS (takes the fd); null
+  // unless it is a regular file sealed against shrinking and at least `size` long.
+  static std::shared_ptr<SharedRegion> MapReceived(int fd, size_t size);
 };
 
 }  // namespace kvblocks

@@ -13,19 +13,27 @@ constexpr int64_t kSecNs = 1000LL * kMsNs;
 
 // ---- wire
 constexpr uint32_t kMagic = 0x3142564BU;  // "KVB1" little-endian
-constexpr uint32_t kProtocolVersion = 2;  // 2: capability bitmask and per-transport table descriptors
+// 2: capability bitmask and per-transport table descriptors. 3: fixed-size HELLO; identity, tables
+// and link tokens only after mutual authentication; verified same-process/same-host paths.
+constexpr uint32_t kProtocolVersion = 3;
 constexpr uint64_t kMaxControlPayload = 64ULL << 20;  // any frame but READ_RESP data
 constexpr uint64_t kRequestFixedBytes = 40;  // an encoded XferRequest: fixed fields,
 constexpr uint64_t kRequestRangeBytes = 16;  // plus 4 bytes a tensor and 16 a byte range
 constexpr uint64_t kMaxInlineWrite = 256ULL << 10;    // pushes this small skip the READY round trip
-constexpr uint64_t kMaxHelloBytes = 16ULL << 20;      // read before authentication: keep it bounded
+constexpr size_t kMaxLocalName = 64;                  // abstract Unix socket name in LINK_INFO
+constexpr size_t kMaxLocalFds = 250;                  // memfds passed in one SCM_RIGHTS message (kernel: 253)
 constexpr uint32_t kMaxTableCaches = 1U << 20;
 constexpr uint32_t kMaxTableTensors = 1U << 20;
 
 // ---- links and handshakes
-constexpr int64_t kHandshakeNs = 10 * kSecNs;  // bound on a peer that stalls mid-handshake
-constexpr size_t kMaxHandshakes = 64;          // unauthenticated handshakes in progress at once
-constexpr int kMaxRequesterChannels = 8;       // data channels per link and direction
+constexpr int64_t kHandshakeNs = 10 * kSecNs;  // bound on an authenticated peer that stalls mid-handshake
+// Before authentication a connection gets kAuthNs to finish HELLO..AUTH (a few hundred bytes), and
+// holds one of kMaxHandshakes slots; when they are all taken the oldest is dropped, so slow sockets
+// delay a real handshake by at most kAuthNs and never refuse it.
+constexpr int64_t kAuthNs = 2 * kSecNs;
+constexpr size_t kMaxHandshakes = 64;
+constexpr int kMaxRequesterChannels = 8;       // data channels per link and direction; more are refused
+constexpr int64_t kReverseRetryNs = 5 * kMsNs; // after a refused OPEN_REVERSE, wait before asking again
 constexpr int64_t kErrorReplyNs = 100 * kMsNs; // best-effort ERROR frames before closing
 
 // ---- serving

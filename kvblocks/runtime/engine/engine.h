@@ -22,6 +22,7 @@
 #include "kvblocks/ext.h"
 #include "kvblocks/rules.h"
 #include "link/registry.h"
+#include "transport/local_peer.h"
 #include "llm_datadist/llm_datadist.h"
 
 namespace kvblocks {
@@ -79,10 +80,13 @@ class Impl {
   Status CheckRole(bool pull) const;
   // links.cc
   Status LinkOne(const ClusterInfo &ci, int32_t timeout_ms);
+  Status OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing);
+  bool CrossingLoses(uint64_t peer) const;  // under link_state_mu_
+  LocalFds OurMemfds(const std::vector<TableEntry> &caches, std::vector<std::shared_ptr<CacheEntry>> *keep);
   Status UnlinkOne(const ClusterInfo &ci, int32_t timeout_ms, bool force);
   void HandleAccepted(int fd);
   void AcceptChannel(int fd, const struct Hello &hello, int64_t deadline);
-  void AcceptControl(int fd, const struct Hello &hello, int64_t deadline);
+  void AcceptControl(int fd, const struct Hello &hello, const uint8_t *server_nonce, int64_t deadline);
   void CtrlLoop(std::shared_ptr<struct Link> link);
   void ServeConnection(int fd, std::shared_ptr<struct Link> link);
   void DropLink(const std::shared_ptr<struct Link> &link);
@@ -118,11 +122,15 @@ class Impl {
   CacheRegistry caches_;
   LinkRegistry links_;
   std::mutex linking_mu_;  // serialises handshakes that create links
+  // Registration decisions (insert, adopt, crossing) of both LinkOne and the accepting side.
+  std::mutex link_state_mu_;
+  std::set<uint64_t> linking_;  // clusters our LinkOne is linking to right now
 
   // listener and worker threads
   std::mutex workers_mu_;
   std::list<Worker> workers_;
   std::set<int> loose_fds_;  // sockets still handshaking
+  std::map<int, int64_t> preauth_;  // accepted, not yet authenticated: fd -> accept time (slots)
   int listen_fd_ = -1;
   std::string listen_ip_;
   uint32_t listen_port_ = 0;

@@ -204,18 +204,25 @@ void Impl::ListenLoop(int lfd) {
     TuneSocket(fd);
     {
       std::lock_guard<std::mutex> g(workers_mu_);
-      // Unauthenticated handshakes each hold a thread for up to 10 s: bound how many run at once.
-      if (loose_fds_.size() >= kMaxHandshakes) {
-        LogWarn("refusing a connection: %zu handshakes already in progress", loose_fds_.size());
-        close(fd);
-        continue;
+      // Unauthenticated handshakes each hold a thread for up to kAuthNs. When every slot is taken,
+      // the oldest one goes (a real handshake takes milliseconds), never the new connection: slow
+      // sockets cannot keep a real link out.
+      if (preauth_.size() >= kMaxHandshakes) {
+        auto oldest = preauth_.begin();
+        for (auto it = preauth_.begin(); it != preauth_.end(); ++it)
+          if (it->second < oldest->second) oldest = it;
+        LogWarn("%zu handshakes in progress: dropping the oldest", preauth_.size());
+        shutdown(oldest->first, SHUT_RDWR);  // its thread closes it
+        preauth_.erase(oldest);
       }
       loose_fds_.insert(fd);
+      preauth_[fd] = NowNs();
       if (stopping_.load()) shutdown(fd, SHUT_RDWR);
     }
     if (!Spawn([this, fd] { HandleAccepted(fd); })) {
       std::lock_guard<std::mutex> g(workers_mu_);
       loose_fds_.erase(fd);
+      preauth_.erase(fd);
       close(fd);
     }
   }

@@ -4,14 +4,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "common/error.h"
 #include "common/util.h"
 #include "engine/engine.h"
 #include "link/handshake.h"
 #include "net/socket.h"
+#include "transport/local_peer.h"
 #include "transport/select.h"
 
 namespace kvblocks {
@@ -55,11 +58,45 @@ void Impl::DropLink(const std::shared_ptr<struct Link> &link) {
   links_.Erase(link);
 }
 
+namespace {
+// A frame with flags (kFlagCrossing) and no payload.
+IoResult SendFlagged(int fd, uint16_t type, uint16_t flags, uint32_t status, int64_t deadline) {
+  FrameHeader h;
+  h.type = type;
+  h.flags = flags;
+  h.status = status;
+  uint8_t hdr[kFrameHeaderBytes];
+  EncodeHeader(h, hdr);
+  iovec iov{hdr, sizeof(hdr)};
+  return SendIov(fd, &iov, 1, deadline);
+}
+
+// Receives one frame of `type` (any status); false when it is another type or malformed.
+bool RecvTyped(int fd, uint16_t type, int64_t deadline, FrameHeader *h, std::string *payload, uint64_t max) {
+  return RecvHeader(fd, h, deadline) == IoResult::kOk && h->type == type &&
+         RecvPayload(fd, *h, payload, deadline, max) == IoResult::kOk;
+}
+}  // namespace
+
 void Impl::FillLinkInfo(LinkInfo *info) {
   info->capabilities = OfferedCapabilities(transport_);
   FillIdentity(instance_token_, &probe_value_, &info->identity);
   info->clock_ns = NowNs();
   info->caches = caches_.Describe();
+  RandomBytes(info->local_key, sizeof(info->local_key));
+}
+
+// Our memfds for the local exchange, held alive by `keep` while they are sent.
+LocalFds Impl::OurMemfds(const std::vector<TableEntry> &caches, std::vector<std::shared_ptr<CacheEntry>> *keep) {
+  LocalFds out;
+  for (const TableEntry &t : caches) {
+    if (!t.has_memfd || out.size() >= kMaxLocalFds) continue;
+    auto e = caches_.Find(t.id);
+    if (!e || !e->region) continue;
+    keep->push_back(e);
+    out.emplace_back(t.id, e->region->fd);
+  }
+  return out;
 }
 
 std::shared_ptr<struct Link> Impl::NewLink(uint64_t remote_cluster_id, const LinkInfo &info) {
@@ -68,10 +105,12 @@ std::shared_ptr<struct Link> Impl::NewLink(uint64_t remote_cluster_id, const Lin
   link->peer = info.identity;
   link->capabilities = info.capabilities & OfferedCapabilities(transport_);
   for (const TableEntry &e : info.caches) link->caches.emplace(e.id, RemoteCache(e));
-  PeerIdentity me;
-  FillIdentity(instance_token_, &probe_value_, &me);
-  ChoosePaths(link.get(), me);
   return link;
+}
+
+bool Impl::CrossingLoses(uint64_t peer) const {
+  // Both sides link to each other at once: the lower cluster id's connection wins.
+  return linking_.count(peer) != 0 && cluster_id_ < peer;
 }
 
 void Impl::ForgetLoose(int fd) {
@@ -87,9 +126,23 @@ int Impl::OpenChannel(const std::shared_ptr<struct Link> &link, ConnKind kind, i
   hello.kind = kind;
   hello.cluster_id = cluster_id_;
   RandomBytes(hello.nonce, sizeof(hello.nonce));
-  memcpy(hello.link_token, link->token, sizeof(hello.link_token));
-  std::string ack;
-  *st = ClientHandshake(fd, hello, auth_token_, deadline, &ack);
+  uint8_t server_nonce[kNonceBytes];
+  *st = ClientHandshake(fd, hello, auth_token_, deadline, server_nonce);
+  if (*st == LLM_SUCCESS) {
+    // The link token only now, to a listener that has proven itself.
+    Bind bind;
+    memcpy(bind.link_token, link->token, sizeof(bind.link_token));
+    FrameHeader h;
+    std::string tmp;
+    IoResult r = SendMessage(fd, kBind, 0, bind, deadline);
+    if (r == IoResult::kOk && !RecvTyped(fd, kBind, deadline, &h, &tmp, 0)) r = IoResult::kError;
+    if (r != IoResult::kOk)
+      *st = Fail(StatusOf(r), "data channel to cluster %llu: no BIND answer",
+                 static_cast<unsigned long long>(link->remote_cluster_id));
+    else if (h.status != LLM_SUCCESS)
+      *st = Fail(h.status, "cluster %llu refused a data channel (status %u)",
+                 static_cast<unsigned long long>(link->remote_cluster_id), h.status);
+  }
   if (*st != LLM_SUCCESS) {
     close(fd);
     return -1;
@@ -107,10 +160,49 @@ Status Impl::LinkOne(const ClusterInfo &ci, int32_t timeout_ms) {
   if (!local_comm_res_ && ci.local_ip_infos.size() != 1)
     return Fail(LLM_PARAM_INVALID, "cluster %llu: %zu local_ip_infos (needs exactly 1, or set llm.LocalCommRes)",
                 want, ci.local_ip_infos.size());
+  std::lock_guard<std::mutex> serial(linking_mu_);
+  // A link the peer opened to us is ours to adopt, once: both sides may link, both get success.
+  auto adopt = [&]() -> bool {
+    auto l = links_.FindAlive(ci.remote_cluster_id);
+    if (!l) return false;
+    std::lock_guard<std::mutex> g(link_state_mu_);
+    l->linked_by_us = true;
+    return true;
+  };
+  {
+    std::lock_guard<std::mutex> g(link_state_mu_);
+    auto l = links_.FindAlive(ci.remote_cluster_id);
+    if (l && l->linked_by_us) return Fail(LLM_ALREADY_LINK, "cluster %llu is already linked", want);
+    if (l) {
+      l->linked_by_us = true;
+      return LLM_SUCCESS;
+    }
+    linking_.insert(ci.remote_cluster_id);
+  }
+  bool crossing = false;
+  Status st = OpenLink(ci, deadline, &crossing);
+  {
+    std::lock_guard<std::mutex> g(link_state_mu_);
+    linking_.erase(ci.remote_cluster_id);
+  }
+  if (st == LLM_SUCCESS) return st;
+  if (crossing) {
+    // The peer links to us at the same time and its connection wins: wait for it to arrive.
+    while (NowNs() < deadline) {
+      if (adopt()) return LLM_SUCCESS;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (adopt()) return LLM_SUCCESS;
+    return Fail(LLM_TIMEOUT, "cluster %llu links to us at the same time, but its link did not arrive in time", want);
+  }
+  if (st == LLM_ALREADY_LINK && adopt()) return LLM_SUCCESS;
+  return st;
+}
+
+Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
+  const unsigned long long want = ci.remote_cluster_id;
   const std::string ip = ci.remote_ip_infos[0].ip.GetString();
   const uint16_t port = ci.remote_ip_infos[0].port;
-  if (links_.FindAlive(ci.remote_cluster_id)) return Fail(LLM_ALREADY_LINK, "cluster %llu is already linked", want);
-  std::lock_guard<std::mutex> serial(linking_mu_);
   Status st;
   const int fd = ConnectTcp(ip, port, deadline, &st);
   if (fd < 0) return st == LLM_TIMEOUT ? LLM_TIMEOUT : LLM_LINK_FAILED;
@@ -118,7 +210,9 @@ Status Impl::LinkOne(const ClusterInfo &ci, int32_t timeout_ms) {
     std::lock_guard<std::mutex> g(workers_mu_);
     loose_fds_.insert(fd);
   }
+  int local_fd = -1;
   auto fail = [&](Status s) {
+    if (local_fd >= 0) close(local_fd);
     ForgetLoose(fd);
     close(fd);
     return s;
@@ -126,18 +220,47 @@ Status Impl::LinkOne(const ClusterInfo &ci, int32_t timeout_ms) {
   Hello hello;
   hello.cluster_id = cluster_id_;
   RandomBytes(hello.nonce, sizeof(hello.nonce));
-  FillLinkInfo(&hello.info);
-  const int64_t t0 = hello.info.clock_ns;
+  uint8_t server_nonce[kNonceBytes];
+  const int64_t t0 = NowNs();
+  st = ClientHandshake(fd, hello, auth_token_, deadline, server_nonce);
+  if (st != LLM_SUCCESS) return fail(st == LLM_TIMEOUT ? st : LLM_LINK_FAILED);
+
+  // Authenticated both ways: now identity, clock and cache table.
+  LinkInfoMsg mine;
+  mine.cluster_id = cluster_id_;
+  FillLinkInfo(&mine.info);
   std::string payload;
-  st = ClientHandshake(fd, hello, auth_token_, deadline, &payload);
+  Encode(mine, &payload);
+  SealLinkInfo('O', hello.nonce, server_nonce, &payload);
+  FrameHeader h;
+  IoResult ir = SendFrame(fd, kLinkInfo, 0, payload, deadline);
+  if (ir == IoResult::kOk && !RecvTyped(fd, kLinkInfo, deadline, &h, &payload, kMaxControlPayload))
+    ir = IoResult::kError;
   const int64_t t1 = NowNs();
-  if (st != LLM_SUCCESS) return fail(st == LLM_ALREADY_LINK || st == LLM_TIMEOUT ? st : LLM_LINK_FAILED);
-  HelloAck ack;
-  if (!Decode(payload, &ack)) return fail(Fail(LLM_LINK_FAILED, "%s:%u sent a malformed HELLO_ACK", ip.c_str(), port));
-  auto link = NewLink(ack.cluster_id, ack.info);
-  memcpy(link->token, ack.link_token, sizeof(link->token));
-  link->clock_offset_ns = ack.info.clock_ns - (t0 + (t1 - t0) / 2);
+  if (ir != IoResult::kOk)
+    return fail(Fail(StatusOf(ir), "%s:%u: no LINK_INFO answer", ip.c_str(), port));
+  if (h.status != LLM_SUCCESS) {
+    *crossing = (h.flags & kFlagCrossing) != 0;
+    if (h.status == LLM_ALREADY_LINK)
+      return fail(Fail(LLM_ALREADY_LINK, "cluster %llu is already linked (at its side)", want));
+    return fail(Fail(h.status == LLM_PARAM_INVALID ? LLM_PARAM_INVALID : LLM_LINK_FAILED,
+                     "%s:%u refused the link (status %u)", ip.c_str(), port, h.status));
+  }
+  LinkInfoMsg theirs;
+  if (!Decode(payload, &theirs))
+    return fail(Fail(LLM_LINK_FAILED, "%s:%u sent a malformed LINK_INFO", ip.c_str(), port));
+  if (theirs.cluster_id != ci.remote_cluster_id) {
+    LogWarn("link refused: %s:%u is cluster %llu, not cluster %llu", ip.c_str(), port,
+            static_cast<unsigned long long>(theirs.cluster_id), want);
+    return fail(Fail(LLM_LINK_FAILED, "%s:%u is cluster %llu, not cluster %llu", ip.c_str(), port,
+                     static_cast<unsigned long long>(theirs.cluster_id), want));
+  }
+  auto link = NewLink(theirs.cluster_id, theirs.info);
+  link->same_process = FromThisProcess('A', hello.nonce, server_nonce, payload);
+  memcpy(link->token, theirs.link_token, sizeof(link->token));
+  link->clock_offset_ns = theirs.info.clock_ns - (t0 + (t1 - t0) / 2);
   link->opener = true;
+  link->linked_by_us = true;
   link->remote_ip = ip;
   link->remote_port = port;
   link->open_channel = [this, weak = std::weak_ptr<struct Link>(link)](ConnKind kind, int64_t dl, Status *s) {
@@ -145,24 +268,43 @@ Status Impl::LinkOne(const ClusterInfo &ci, int32_t timeout_ms) {
     *s = LLM_NOT_YET_LINK;
     return l ? OpenChannel(l, kind, dl, s) : -1;
   };
-  if (links_.FindAlive(link->remote_cluster_id))
-    return fail(Fail(LLM_ALREADY_LINK, "cluster %llu is already linked", want));
+  // Same host? Ask the kernel: connect to the acceptor's one-shot local socket (claims only decide
+  // whether to try).
+  PeerIdentity me;
+  FillIdentity(instance_token_, &probe_value_, &me);
+  if (!link->same_process && (link->capabilities & (kCapSharedMemory | kCapCma)) != 0 &&
+      SameHostHint(me, link->peer))
+    local_fd = ConnectLocal(theirs.info.local_name);
+  Confirm confirm{-link->clock_offset_ns, local_fd >= 0};
+  ir = SendMessage(fd, kConfirm, 0, confirm, deadline);
+  if (ir != IoResult::kOk) return fail(StatusOf(ir));
+  if (local_fd >= 0) {
+    std::vector<std::shared_ptr<CacheEntry>> keep;
+    const LocalFds fds = OurMemfds(mine.info.caches, &keep);
+    OpenerLocalExchange(local_fd, mine.info.local_key, theirs.info.local_key, fds, deadline, &link->local);
+    close(local_fd);
+    local_fd = -1;
+  }
+  ChoosePaths(link.get());
   if (transport_ == "shm" && !link->same_host) {
-    LogWarn("kvblocks.Transport=shm, but cluster %llu is on another host", want);
+    LogWarn("kvblocks.Transport=shm, but cluster %llu is not a verified same-host peer", want);
     return fail(Fail(LLM_LINK_FAILED, "kvblocks.Transport=shm, but cluster %llu is on another host", want));
   }
-  FrameHeader h;
   std::string tmp;
-  IoResult ir = SendMessage(fd, kConfirm, 0, Confirm{-link->clock_offset_ns}, deadline);
-  if (ir == IoResult::kOk) ir = RecvHeader(fd, &h, deadline);
-  if (ir != IoResult::kOk) return fail(ir == IoResult::kTimeout ? LLM_TIMEOUT : LLM_LINK_FAILED);
-  if (h.type != kConfirmAck || RecvPayload(fd, h, &tmp, deadline) != IoResult::kOk) return fail(LLM_LINK_FAILED);
-  if (h.status != LLM_SUCCESS) return fail(h.status);
+  if (!RecvTyped(fd, kConfirmAck, deadline, &h, &tmp, 0))
+    return fail(NowNs() >= deadline ? LLM_TIMEOUT : LLM_LINK_FAILED);
+  if (h.status != LLM_SUCCESS) {
+    *crossing = (h.flags & kFlagCrossing) != 0;
+    return fail(Fail(h.status, "cluster %llu did not confirm the link (status %u)", want, h.status));
+  }
 
   ForgetLoose(fd);
   link->ctrl_fd = fd;
   link->AddFd(fd);
-  st = links_.Insert(link, stopping_);
+  {
+    std::lock_guard<std::mutex> g(link_state_mu_);
+    st = links_.Insert(link, stopping_);
+  }
   if (st != LLM_SUCCESS) {
     link->Fail();
     return st;
@@ -209,9 +351,9 @@ Status Impl::UnlinkOne(const ClusterInfo &ci, int32_t timeout_ms, bool force) {
   const int64_t deadline = NowNs() + static_cast<int64_t>(timeout_ms) * kMsNs;
   const bool sent = link->SendCtrl(kUnlink, deadline);
   bool acked = false;
-  if (sent) {
+  {
     std::unique_lock<std::mutex> g(link->mu);
-    while (!link->unlink_acked && link->alive.load()) {
+    while (sent && !link->unlink_acked && link->alive.load()) {
       const int64_t left = deadline - NowNs();
       if (left <= 0) break;
       link->cv.wait_for(g, std::chrono::nanoseconds(left));
@@ -234,70 +376,142 @@ Status Impl::Unlink(const std::vector<ClusterInfo> &clusters, std::vector<Status
 
 // ------------------------------------------------------------------ acceptor side
 void Impl::HandleAccepted(int fd) {
-  const int64_t deadline = NowNs() + kHandshakeNs;
   Hello hello;
-  if (!ServerHandshake(fd, auth_token_, deadline, &hello)) {
+  uint8_t server_nonce[kNonceBytes];
+  // Unauthenticated: kAuthNs at most, and a slot that a newer connection may take (ListenLoop).
+  const bool ok = ServerHandshake(fd, auth_token_, NowNs() + kAuthNs, &hello, server_nonce);
+  {
+    std::lock_guard<std::mutex> g(workers_mu_);
+    preauth_.erase(fd);
+  }
+  if (!ok) {
     ForgetLoose(fd);
     close(fd);
     return;
   }
+  const int64_t deadline = NowNs() + kHandshakeNs;
   if (hello.kind == ConnKind::kCtrl) {
-    AcceptControl(fd, hello, deadline);
+    AcceptControl(fd, hello, server_nonce, deadline);
   } else {
     AcceptChannel(fd, hello, deadline);
   }
 }
 
-// A data channel of an existing link, proven by the link token.
+// A data channel of an existing link, proven by the link token; at most kMaxRequesterChannels
+// per link and direction.
 void Impl::AcceptChannel(int fd, const Hello &hello, int64_t deadline) {
-  auto link = links_.FindAlive(hello.cluster_id);
-  const bool ok = link && ConstantTimeEqual(link->token, hello.link_token, sizeof(link->token));
-  if (SendFrame(fd, kHelloAck, ok ? LLM_SUCCESS : LLM_NOT_YET_LINK, nullptr, 0, deadline) != IoResult::kOk || !ok) {
+  auto drop = [&] {
     ForgetLoose(fd);
     close(fd);
-    return;
+  };
+  FrameHeader h;
+  std::string payload;
+  Bind bind;
+  if (!RecvTyped(fd, kBind, deadline, &h, &payload, 64) || !Decode(payload, &bind)) return drop();
+  auto link = links_.FindAlive(hello.cluster_id);
+  Status st = link && !link->opener && ConstantTimeEqual(link->token, bind.link_token, sizeof(link->token))
+                  ? LLM_SUCCESS
+                  : LLM_NOT_YET_LINK;
+  if (st == LLM_SUCCESS) {
+    std::lock_guard<std::mutex> g(link->mu);
+    const int have = hello.kind == ConnKind::kDataFwd ? link->served_channels : link->requester_channels;
+    if (have >= kMaxRequesterChannels) {
+      LogWarn("cluster %llu opened more than %d data channels; refusing another",
+              static_cast<unsigned long long>(hello.cluster_id), kMaxRequesterChannels);
+      st = LLM_LINK_FAILED;
+    } else if (hello.kind == ConnKind::kDataFwd) {
+      ++link->served_channels;
+    }
+  }
+  if (SendFrame(fd, kBind, st, nullptr, 0, deadline) != IoResult::kOk || st != LLM_SUCCESS) {
+    if (st == LLM_SUCCESS && hello.kind == ConnKind::kDataFwd) {
+      std::lock_guard<std::mutex> g(link->mu);
+      --link->served_channels;
+    }
+    return drop();
   }
   ForgetLoose(fd);
   link->AddFd(fd);
   if (hello.kind == ConnKind::kDataFwd) {
     ServeConnection(fd, link);
+    std::lock_guard<std::mutex> g(link->mu);
+    --link->served_channels;
   } else {
     link->AddRequesterChannel(fd);
   }
 }
 
-// Control connection: identity, clock, cache tables, then a confirm that registers the link.
-void Impl::AcceptControl(int fd, const Hello &hello, int64_t deadline) {
+// Control connection: identity, clock, cache tables, the local exchange, then a confirm that
+// registers the link.
+void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce, int64_t deadline) {
+  int lfd = -1;
   auto drop = [&] {
+    if (lfd >= 0) close(lfd);
     ForgetLoose(fd);
     close(fd);
   };
   const uint64_t peer = hello.cluster_id;
-  if (peer == cluster_id_ || links_.FindAlive(peer)) {
-    SendFrame(fd, kHelloAck, peer == cluster_id_ ? LLM_PARAM_INVALID : LLM_ALREADY_LINK, nullptr, 0, deadline);
-    return drop();
-  }
-  auto link = NewLink(peer, hello.info);
-  HelloAck ack;
-  ack.cluster_id = cluster_id_;
-  RandomBytes(link->token, sizeof(link->token));
-  memcpy(ack.link_token, link->token, sizeof(ack.link_token));
-  FillLinkInfo(&ack.info);
   FrameHeader h;
   std::string payload;
+  LinkInfoMsg theirs;
+  if (!RecvTyped(fd, kLinkInfo, deadline, &h, &payload, kMaxControlPayload)) return drop();
+  if (!Decode(payload, &theirs) || theirs.cluster_id != peer || peer == cluster_id_) {
+    SendFrame(fd, kLinkInfo, LLM_PARAM_INVALID, nullptr, 0, deadline);
+    return drop();
+  }
+  {
+    std::lock_guard<std::mutex> g(link_state_mu_);
+    // A live link is never torn down by a new handshake; a crossing one is resolved by cluster id.
+    const bool live = links_.FindAlive(peer) != nullptr;
+    if (live || CrossingLoses(peer)) {
+      SendFlagged(fd, kLinkInfo, live ? 0 : kFlagCrossing, LLM_ALREADY_LINK, deadline);
+      return drop();
+    }
+  }
+  auto link = NewLink(peer, theirs.info);
+  link->same_process = FromThisProcess('O', hello.nonce, server_nonce, payload);
+  LinkInfoMsg mine;
+  mine.cluster_id = cluster_id_;
+  RandomBytes(link->token, sizeof(link->token));
+  memcpy(mine.link_token, link->token, sizeof(mine.link_token));
+  FillLinkInfo(&mine.info);
+  if (!link->same_process && (link->capabilities & (kCapSharedMemory | kCapCma)) != 0)
+    lfd = ListenLocal(&mine.info.local_name);
+  std::string out;
+  Encode(mine, &out);
+  SealLinkInfo('A', hello.nonce, server_nonce, &out);
   Confirm confirm;
-  if (SendMessage(fd, kHelloAck, LLM_SUCCESS, ack, deadline) != IoResult::kOk ||
-      RecvHeader(fd, &h, deadline) != IoResult::kOk || h.type != kConfirm ||
-      RecvPayload(fd, h, &payload, deadline) != IoResult::kOk || !Decode(payload, &confirm))
+  if (SendFrame(fd, kLinkInfo, LLM_SUCCESS, out, deadline) != IoResult::kOk ||
+      !RecvTyped(fd, kConfirm, deadline, &h, &payload, 64) || !Decode(payload, &confirm))
     return drop();
   link->clock_offset_ns = confirm.clock_offset_ns;
-  Status st = transport_ == "shm" && !link->same_host ? LLM_LINK_FAILED : LLM_SUCCESS;
-  if (st == LLM_SUCCESS) {
-    link->ctrl_fd = fd;
-    st = links_.Insert(link, stopping_);
-    if (st != LLM_SUCCESS) link->ctrl_fd = -1;
+  if (confirm.local_exchange && lfd >= 0) {
+    std::vector<std::shared_ptr<CacheEntry>> keep;
+    const LocalFds fds = OurMemfds(mine.info.caches, &keep);
+    // The opener connected before sending CONFIRM: an honest one answers at once, so a peer that
+    // asks for the exchange and never connects holds us kAuthNs at most.
+    AcceptLocalExchange(lfd, mine.info.local_key, theirs.info.local_key, fds, std::min(deadline, NowNs() + kAuthNs),
+                        &link->local);
   }
-  if (SendFrame(fd, kConfirmAck, st, nullptr, 0, deadline) != IoResult::kOk || st != LLM_SUCCESS) {
+  if (lfd >= 0) close(lfd);
+  lfd = -1;
+  ChoosePaths(link.get());
+  Status st = transport_ == "shm" && !link->same_host ? LLM_LINK_FAILED : LLM_SUCCESS;
+  uint16_t flags = 0;
+  if (st == LLM_SUCCESS) {
+    std::lock_guard<std::mutex> g(link_state_mu_);
+    if (links_.FindAlive(peer)) {
+      st = LLM_ALREADY_LINK;
+    } else if (CrossingLoses(peer)) {
+      st = LLM_ALREADY_LINK;
+      flags = kFlagCrossing;
+    } else {
+      link->ctrl_fd = fd;
+      st = links_.Insert(link, stopping_);
+      if (st != LLM_SUCCESS) link->ctrl_fd = -1;
+    }
+  }
+  if (SendFlagged(fd, kConfirmAck, flags, st, deadline) != IoResult::kOk || st != LLM_SUCCESS) {
     if (st == LLM_SUCCESS) {
       {
         std::lock_guard<std::mutex> g(link->ctrl_write_mu);

@@ -26,6 +26,13 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
       break;
     CacheRef ref;
     if (h.type == kUnlink) {
+      {
+        // Both ends unlinking at once: the peer's UNLINK answers our own UnlinkOne as well, even one
+        // that has not sent its UNLINK yet -- both sides want the link gone, and it is.
+        std::lock_guard<std::mutex> g(link->mu);
+        link->unlink_acked = true;
+        link->cv.notify_all();
+      }
       // Remove the link before acknowledging, so nothing the peer does after our ack still sees it.
       link->alive.store(false);
       links_.Erase(link);
@@ -47,17 +54,31 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
     } else if (h.type == kOpenReverse && link->opener) {
       {
         // A peer may not make us open (and serve) more channels than it could use.
-        std::lock_guard<std::mutex> g(link->mu);
-        if (link->reverse_channels >= kMaxRequesterChannels) continue;
+        std::unique_lock<std::mutex> g(link->mu);
+        if (link->reverse_channels >= kMaxRequesterChannels) {
+          g.unlock();
+          link->SendCtrl(kReverseRefused, NowNs() + kSecNs);  // so the peer stops counting on it
+          continue;
+        }
         ++link->reverse_channels;
       }
-      Spawn([this, link] {
+      const bool started = Spawn([this, link] {
         Status st;
         const int rev = OpenChannel(link, ConnKind::kDataRev, NowNs() + kHandshakeNs, &st);
+        if (rev < 0) link->SendCtrl(kReverseRefused, NowNs() + kSecNs);
         if (rev >= 0) ServeConnection(rev, link);
         std::lock_guard<std::mutex> g(link->mu);
         --link->reverse_channels;
       });
+      if (!started) {
+        {
+          std::lock_guard<std::mutex> g(link->mu);
+          --link->reverse_channels;
+        }
+        link->SendCtrl(kReverseRefused, NowNs() + kSecNs);
+      }
+    } else if (h.type == kReverseRefused && !link->opener) {
+      link->ReverseRefused();
     }
   }
   // The peer closed the control connection (exit, crash, unlink or finalize): the link is gone.

@@ -4,6 +4,7 @@
 #include "common/error.h"
 #include "common/limits.h"
 #include "common/util.h"
+#include <cstring>
 #include "net/socket.h"
 #include "security/auth.h"
 
@@ -12,9 +13,12 @@ namespace kvblocks {
 using namespace llm_datadist;  // NOLINT: status constants
 
 namespace {
+constexpr uint64_t kMaxChallengeBytes = 64;
+constexpr uint64_t kMaxAuthBytes = 64;
+
 // Receives one frame of `type` and decodes it into `m`.
 template <typename M>
-bool RecvMessage(int fd, uint16_t type, int64_t deadline, M *m, uint64_t max = kMaxControlPayload) {
+bool RecvMessage(int fd, uint16_t type, int64_t deadline, M *m, uint64_t max) {
   FrameHeader h;
   std::string payload;
   return RecvHeader(fd, &h, deadline) == IoResult::kOk && h.type == type && h.length <= max &&
@@ -22,13 +26,17 @@ bool RecvMessage(int fd, uint16_t type, int64_t deadline, M *m, uint64_t max = k
 }
 }  // namespace
 
-Status ClientHandshake(int fd, const Hello &hello, const std::string &token, int64_t deadline, std::string *ack) {
+Status ClientHandshake(int fd, const Hello &hello, const std::string &token, int64_t deadline,
+                       uint8_t server_nonce[kNonceBytes]) {
   IoResult r = SendMessage(fd, kHello, 0, hello, deadline);
   if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: sending HELLO failed");
   Challenge ch;
-  if (!RecvMessage(fd, kChallenge, deadline, &ch))
+  if (!RecvMessage(fd, kChallenge, deadline, &ch, kMaxChallengeBytes))
     return Fail(NowNs() >= deadline ? LLM_TIMEOUT : LLM_LINK_FAILED, "handshake: no valid CHALLENGE from the listener");
-  // Always answer the challenge first, so a listener with a different token sees and logs it.
+  memcpy(server_nonce, ch.nonce, kNonceBytes);
+  // Always answer the challenge first, so a listener with a different token sees and logs it. The
+  // proof is all we send before the listener has proven itself: identity, tables and link tokens
+  // follow only after HELLO_ACK, and only to a listener whose proof checked out.
   AuthProof auth;
   if (!token.empty()) {
     auth.has_proof = true;
@@ -42,11 +50,6 @@ Status ClientHandshake(int fd, const Hello &hello, const std::string &token, int
     Proof(token, kServerLabel, hello.nonce, ch.nonce, expect);
     server_ok = ch.has_proof && ConstantTimeEqual(expect, ch.proof, kProofBytes);
   }
-  FrameHeader h;
-  r = RecvHeader(fd, &h, deadline);
-  if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: no HELLO_ACK from the listener");
-  if (h.type != kHelloAck || RecvPayload(fd, h, ack, deadline) != IoResult::kOk)
-    return Fail(LLM_LINK_FAILED, "handshake: malformed HELLO_ACK");
   if (token.empty() && ch.auth_required) {
     LogWarn("link refused: the listener requires kvblocks.AuthToken and none is set");
     return Fail(LLM_LINK_FAILED, "the listener requires kvblocks.AuthToken and none is set");
@@ -55,34 +58,48 @@ Status ClientHandshake(int fd, const Hello &hello, const std::string &token, int
     LogWarn("link refused: the listener did not prove knowledge of kvblocks.AuthToken");
     return Fail(LLM_LINK_FAILED, "the listener did not prove knowledge of kvblocks.AuthToken");
   }
+  FrameHeader h;
+  std::string ack;
+  r = RecvHeader(fd, &h, deadline);
+  if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: no HELLO_ACK from the listener");
+  if (h.type != kHelloAck || RecvPayload(fd, h, &ack, deadline, 0) != IoResult::kOk)
+    return Fail(LLM_LINK_FAILED, "handshake: malformed HELLO_ACK");
   if (h.status == LLM_LINK_FAILED && !token.empty())
     return Fail(LLM_LINK_FAILED, "the listener rejected our kvblocks.AuthToken proof");
-  return h.status;
+  if (h.status != LLM_SUCCESS) return Fail(h.status, "handshake: the listener refused (status %u)", h.status);
+  return LLM_SUCCESS;
 }
 
-bool ServerHandshake(int fd, const std::string &token, int64_t deadline, Hello *hello) {
-  if (!RecvMessage(fd, kHello, deadline, hello, kMaxHelloBytes)) {
+bool ServerHandshake(int fd, const std::string &token, int64_t deadline, Hello *hello,
+                     uint8_t server_nonce[kNonceBytes]) {
+  // The HELLO is fixed-size: a longer announcement is refused before anything is allocated.
+  if (!RecvMessage(fd, kHello, deadline, hello, kHelloBytes)) {
     SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + kErrorReplyNs);
     return false;
   }
   Challenge ch;
   RandomBytes(ch.nonce, sizeof(ch.nonce));
+  memcpy(server_nonce, ch.nonce, kNonceBytes);
   ch.auth_required = !token.empty();
   if (!token.empty()) {
     ch.has_proof = true;
     Proof(token, kServerLabel, hello->nonce, ch.nonce, ch.proof);
   }
   AuthProof auth;
-  if (SendMessage(fd, kChallenge, 0, ch, deadline) != IoResult::kOk || !RecvMessage(fd, kAuth, deadline, &auth))
+  if (SendMessage(fd, kChallenge, 0, ch, deadline) != IoResult::kOk ||
+      !RecvMessage(fd, kAuth, deadline, &auth, kMaxAuthBytes))
     return false;
-  if (token.empty()) return true;
-  uint8_t expect[kProofBytes];
-  Proof(token, kClientLabel, hello->nonce, ch.nonce, expect);
-  if (auth.has_proof && ConstantTimeEqual(expect, auth.proof, kProofBytes)) return true;
-  LogWarn("rejected a link from cluster %llu: %s kvblocks.AuthToken",
-          static_cast<unsigned long long>(hello->cluster_id), auth.has_proof ? "wrong" : "missing");
-  SendFrame(fd, kHelloAck, LLM_LINK_FAILED, nullptr, 0, deadline);
-  return false;
+  if (!token.empty()) {
+    uint8_t expect[kProofBytes];
+    Proof(token, kClientLabel, hello->nonce, ch.nonce, expect);
+    if (!auth.has_proof || !ConstantTimeEqual(expect, auth.proof, kProofBytes)) {
+      LogWarn("rejected a link from cluster %llu: %s kvblocks.AuthToken",
+              static_cast<unsigned long long>(hello->cluster_id), auth.has_proof ? "wrong" : "missing");
+      SendFrame(fd, kHelloAck, LLM_LINK_FAILED, nullptr, 0, deadline);
+      return false;
+    }
+  }
+  return SendFrame(fd, kHelloAck, LLM_SUCCESS, nullptr, 0, deadline) == IoResult::kOk;
 }
 
 }  // namespace kvblocks

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The handshake every connection starts with: HELLO, CHALLENGE, AUTH, HELLO_ACK, with mutual
-// HMAC proofs when a token is set (docs/protocol.md).
+// HMAC proofs when a token is set (docs/protocol.md). Nothing but these is exchanged before both
+// sides are authenticated.
 #ifndef KVBLOCKS_RUNTIME_LINK_HANDSHAKE_H_
 #define KVBLOCKS_RUNTIME_LINK_HANDSHAKE_H_
 
@@ -11,12 +12,14 @@
 
 namespace kvblocks {
 
-// Opener side. Returns HELLO_ACK's status (or why the exchange failed); `ack` gets its payload.
+// Opener side, up to HELLO_ACK: LLM_SUCCESS once both sides are authenticated (or why not).
+// `server_nonce` gets the CHALLENGE nonce (for the in-process proof).
 llm_datadist::Status ClientHandshake(int fd, const Hello &hello, const std::string &token, int64_t deadline,
-                                     std::string *ack);
-// Acceptor side, up to the proof check. False when the connection must be dropped; the peer has
-// then been answered where the protocol says so.
-bool ServerHandshake(int fd, const std::string &token, int64_t deadline, Hello *hello);
+                                     uint8_t server_nonce[kNonceBytes]);
+// Acceptor side, up to and including HELLO_ACK(0). False when the connection must be dropped; the
+// peer has then been answered where the protocol says so. Reads at most a few hundred bytes.
+bool ServerHandshake(int fd, const std::string &token, int64_t deadline, Hello *hello,
+                     uint8_t server_nonce[kNonceBytes]);
 
 }  // namespace kvblocks
 

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -61,6 +62,8 @@ void Link::CloseCtrl() {
 }
 
 Link::~Link() {
+  local.Release();
+  if (local.pidfd >= 0) close(local.pidfd);
   for (int fd : fds) close(fd);  // channels left behind by a failed link or a late reverse channel
 }
 
@@ -87,20 +90,29 @@ int Link::AcquireChannel(int64_t deadline, Status *st) {
       }
       return fd;
     }
-    if (!opener && requester_channels + pending_reverse < kMaxRequesterChannels) {
+    const int64_t since_refusal = NowNs() - reverse_refused_at;
+    if (!opener && requester_channels + pending_reverse < kMaxRequesterChannels && since_refusal >= kReverseRetryNs) {
       // Only the opener can connect; ask it for another reverse channel over the control link.
       ++pending_reverse;
       g.unlock();
       SendCtrl(kOpenReverse, deadline);
       g.lock();
     }
-    const int64_t left = deadline - NowNs();
+    int64_t left = deadline - NowNs();
     if (left <= 0) {
       *st = LLM_TIMEOUT;
       return -1;
     }
+    if (!opener && since_refusal < kReverseRetryNs) left = std::min(left, kReverseRetryNs - since_refusal);
     cv.wait_for(g, std::chrono::nanoseconds(left));
   }
+}
+
+void Link::ReverseRefused() {
+  std::lock_guard<std::mutex> g(mu);
+  if (pending_reverse > 0) --pending_reverse;
+  reverse_refused_at = NowNs();
+  cv.notify_all();
 }
 
 void Link::ReleaseChannel(int fd, bool reusable) {

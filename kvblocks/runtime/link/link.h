@@ -17,6 +17,7 @@
 
 #include "cache/table.h"
 #include "llm_datadist/llm_datadist.h"
+#include "transport/local_peer.h"
 #include "transport/path.h"
 #include "wire/messages.h"
 
@@ -53,9 +54,11 @@ struct Link {
   uint8_t token[16] = {};
   int ctrl_fd = -1;
   int64_t clock_offset_ns = 0;  // peer clock = local clock + offset
-  PeerIdentity peer;
+  PeerIdentity peer;          // claimed: hints only
+  LocalPeer local;            // kernel-verified same-host peer (pid, pidfd, memfds); pid 0 when none
   uint64_t capabilities = 0;  // offered by both sides
-  bool same_host = false, same_process = false;
+  bool same_process = false;  // verified: the peer proved it is an engine of this process
+  bool same_host = false;     // verified: same_process or local.pid
   bool one_sided = false;  // some cache is reached without the peer (memcpy, CMA)
   std::map<int64_t, RemoteCache> caches;
   ChannelOpener open_channel;  // opener side: connects and authenticates one more channel
@@ -66,8 +69,11 @@ struct Link {
   std::set<int> fds;      // every socket of this link, for shutdown
   int requester_channels = 0;
   int reverse_channels = 0;  // opener: channels it serves for the acceptor
-  int pending_reverse = 0;
-  bool unlink_acked = false;
+  int pending_reverse = 0;    // OPEN_REVERSE sent, neither opened nor refused yet
+  int64_t reverse_refused_at = 0;
+  int served_channels = 0;    // acceptor: forward channels it serves
+  bool linked_by_us = false;  // LinkLlmClusters returned success for it here (else: accepted only)
+  bool unlink_acked = false;  // UNLINK_ACK, or the peer's own UNLINK
   std::set<int64_t> gone_acked;  // our cache ids the peer confirmed it stopped using
   std::mutex ctrl_write_mu;
 
@@ -82,6 +88,7 @@ struct Link {
   int AcquireChannel(int64_t deadline, llm_datadist::Status *st);
   void ReleaseChannel(int fd, bool reusable);
   void AddRequesterChannel(int fd);  // a reverse channel the opener opened for us
+  void ReverseRefused();             // the opener will not open one we asked for
   const char *PathName() const;      // "inprocess", "shm", "cma", "shm+cma" or "tcp"
   ~Link();
 };

@@ -11,10 +11,16 @@
 #include <mutex>
 #include <set>
 
+#include "common/error.h"
+#include "common/util.h"
 #include "link/link.h"
+#include "security/auth.h"
+#include "transport/local_peer.h"
 #include "transport/path.h"
 
 namespace kvblocks {
+
+using namespace llm_datadist;  // NOLINT: status constants
 
 namespace {
 std::mutex g_instances_mu;
@@ -42,35 +48,111 @@ void ReadBootId(uint8_t out[16]) {
   }
 }
 
-// Cross-memory attach needs ptrace permission on the peer; probe it on a known cookie.
-bool CanAttach(const PeerIdentity &peer) {
+// Cross-memory attach needs ptrace permission on the peer; probe it on a known cookie. `pid` is the
+// kernel's (SO_PEERCRED); the cookie's address is the peer's word, harmless to read in its own memory.
+bool CanAttach(int pid, const PeerIdentity &peer) {
   uint64_t got = 0;
   iovec l{&got, sizeof(got)};
   iovec r{reinterpret_cast<void *>(peer.probe_addr), sizeof(got)};
-  return process_vm_readv(static_cast<pid_t>(peer.pid), &l, 1, &r, 1, 0) == sizeof(got) && got == peer.probe_value;
+  return process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0) == sizeof(got) && got == peer.probe_value;
 }
+
+// Checks the peer is still there before and after every one-sided copy: a copy through a dead
+// peer's mapping never reports success.
+class GuardedPath : public Path {
+ public:
+  GuardedPath(std::shared_ptr<Path> inner, Link *link) : inner_(std::move(inner)), link_(link) {}
+  const char *name() const override { return inner_->name(); }
+  Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
+    if (!PeerAlive(link_)) {
+      link_->Fail();
+      return Fail(LLM_NOT_YET_LINK, "cluster %llu has gone (its process exited or its engine finalized)",
+                  static_cast<unsigned long long>(link_->remote_cluster_id));
+    }
+    const Status st = inner_->Execute(plan, local, pull, deadline);
+    if (st == LLM_SUCCESS && !PeerAlive(link_)) {
+      link_->Fail();
+      return Fail(LLM_LINK_FAILED, "cluster %llu went away during the transfer",
+                  static_cast<unsigned long long>(link_->remote_cluster_id));
+    }
+    return st;
+  }
+
+ private:
+  std::shared_ptr<Path> inner_;
+  Link *link_;  // owns this path
+};
 
 std::shared_ptr<Path> PathFor(Link *link, const RemoteCache &rc, bool cma_ok) {
   const uint64_t caps = link->capabilities;
-  if (rc.has_memfd && (caps & kCapSharedMemory)) {
-    const MemfdDesc &m = rc.memfd;
-    auto mapped = SharedRegion::MapPeer(static_cast<int>(link->peer.pid), m.fd, m.ino, m.dev, m.region_size);
+  if (link->same_process) {
+    // The peer proved it is an engine of this process, over bytes that include this table.
+    if ((caps & kCapInProcess) && !rc.addrs.empty()) {
+      std::vector<uint8_t *> view;
+      for (uint64_t a : rc.addrs) view.push_back(reinterpret_cast<uint8_t *>(a));
+      return MakeMemoryPath("inprocess", std::move(view), nullptr);
+    }
+    return MakeTcpPath(link, rc.id);
+  }
+  auto fd = link->local.memfds.find(rc.id);
+  if (rc.has_memfd && (caps & kCapSharedMemory) && fd != link->local.memfds.end()) {
+    // Every tensor lies inside region_size (DecodeTable), and the received memfd is at least that
+    // long and sealed against shrinking: no copy can leave the mapping.
+    auto mapped = SharedRegion::MapReceived(fd->second, rc.memfd.region_size);
+    fd->second = -1;  // owned by `mapped` now
     if (mapped) {
       std::vector<uint8_t *> view;
-      for (uint32_t i = 0; i < rc.num_tensors; ++i) view.push_back(mapped->base + i * m.pitch);
+      for (uint32_t i = 0; i < rc.num_tensors; ++i) view.push_back(mapped->base + i * rc.memfd.pitch);
       return MakeMemoryPath("shm", std::move(view), std::move(mapped));
     }
   }
-  if (link->same_process && (caps & kCapInProcess) && !rc.addrs.empty()) {
-    std::vector<uint8_t *> view;
-    for (uint64_t a : rc.addrs) view.push_back(reinterpret_cast<uint8_t *>(a));
-    return MakeMemoryPath("inprocess", std::move(view), nullptr);
-  }
-  if (cma_ok && (caps & kCapCma) && !rc.addrs.empty()) return MakeCmaPath(static_cast<int>(link->peer.pid), rc.addrs);
+  if (cma_ok && (caps & kCapCma) && !rc.addrs.empty()) return MakeCmaPath(link->local.pid, rc.addrs);
   return MakeTcpPath(link, rc.id);
 }
 
+const uint8_t *ProcessSecret() {
+  static uint8_t secret[32];
+  static std::once_flag once;
+  std::call_once(once, [] { RandomBytes(secret, sizeof(secret)); });
+  return secret;
+}
+
+void InProcessProof(uint8_t role, const uint8_t *client_nonce, const uint8_t *server_nonce, const std::string &payload,
+                    uint8_t out[kProofBytes]) {
+  std::string msg;
+  msg.push_back(static_cast<char>(role));
+  msg.append(reinterpret_cast<const char *>(client_nonce), kNonceBytes);
+  msg.append(reinterpret_cast<const char *>(server_nonce), kNonceBytes);
+  msg.append(payload, 0, payload.size() - kProofBytes);
+  HmacSha256(ProcessSecret(), 32, reinterpret_cast<const uint8_t *>(msg.data()), msg.size(), out);
+}
+
 }  // namespace
+
+void SealLinkInfo(uint8_t role, const uint8_t *client_nonce, const uint8_t *server_nonce, std::string *payload) {
+  uint8_t proof[kProofBytes];
+  InProcessProof(role, client_nonce, server_nonce, *payload, proof);
+  memcpy(&(*payload)[payload->size() - kProofBytes], proof, kProofBytes);
+}
+
+bool FromThisProcess(uint8_t role, const uint8_t *client_nonce, const uint8_t *server_nonce,
+                     const std::string &payload) {
+  if (payload.size() < kProofBytes) return false;
+  uint8_t expect[kProofBytes];
+  InProcessProof(role, client_nonce, server_nonce, payload, expect);
+  return ConstantTimeEqual(expect, reinterpret_cast<const uint8_t *>(payload.data()) + payload.size() - kProofBytes,
+                           kProofBytes);
+}
+
+bool SameHostHint(const PeerIdentity &me, const PeerIdentity &peer) {
+  return memcmp(me.boot_id, peer.boot_id, 16) == 0 && me.netns == peer.netns && me.netns != 0;
+}
+
+bool PeerAlive(const Link *link) {
+  if (!link->alive.load()) return false;
+  if (link->same_process) return IsLocalInstance(link->peer.instance);
+  return !ProcessExited(link->local.pidfd);
+}
 
 uint64_t OfferedCapabilities(const std::string &transport) {
   if (transport == "tcp") return kCapTcp;
@@ -81,7 +163,6 @@ void FillIdentity(uint64_t instance, const uint64_t *probe, PeerIdentity *id) {
   ReadBootId(id->boot_id);
   struct stat st;
   id->netns = stat("/proc/self/ns/net", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
-  id->pid = static_cast<uint32_t>(getpid());
   id->instance = instance;
   id->probe_addr = reinterpret_cast<uint64_t>(probe);
   id->probe_value = *probe;
@@ -97,15 +178,24 @@ void UnregisterInstance(uint64_t instance) {
   g_instances.erase(instance);
 }
 
-void ChoosePaths(Link *link, const PeerIdentity &me) {
-  const bool same_boot = memcmp(me.boot_id, link->peer.boot_id, 16) == 0;
-  link->same_host = same_boot && me.netns == link->peer.netns && me.netns != 0;
-  link->same_process = link->same_host && link->peer.pid == me.pid && IsLocalInstance(link->peer.instance);
+void ChoosePaths(Link *link) {
+  // Only verified facts: the in-process proof (same_process, set by the caller) or a kernel-verified
+  // pid from the local exchange. What the peer says about its identity plays no part.
+  if (link->same_process && !IsLocalInstance(link->peer.instance)) link->same_process = false;
+  link->same_host = link->same_process || link->local.pid > 0;
   const bool one_sided = link->same_host && (link->capabilities & ~uint64_t{kCapTcp}) != 0;
-  const bool cma_ok = one_sided && (link->same_process || CanAttach(link->peer));
+  const bool cma_ok = one_sided && !link->same_process && CanAttach(link->local.pid, link->peer);
   link->one_sided = one_sided;
-  for (auto &kv : link->caches)
-    kv.second.path = one_sided ? PathFor(link, kv.second, cma_ok) : MakeTcpPath(link, kv.second.id);
+  for (auto &kv : link->caches) {
+    if (!one_sided) {
+      kv.second.path = MakeTcpPath(link, kv.second.id);
+      continue;
+    }
+    std::shared_ptr<Path> p = PathFor(link, kv.second, cma_ok);
+    if (strcmp(p->name(), "tcp") != 0) p = std::make_shared<GuardedPath>(std::move(p), link);
+    kv.second.path = std::move(p);
+  }
+  link->local.Release();  // memfds of caches we did not map
 }
 
 }  // namespace kvblocks

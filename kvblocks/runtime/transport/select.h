@@ -20,8 +20,19 @@ void FillIdentity(uint64_t instance, const uint64_t *probe, PeerIdentity *id);
 // Engines of this process, so a same-process peer is recognised.
 void RegisterInstance(uint64_t instance);
 void UnregisterInstance(uint64_t instance);
-// Sets link->same_host/same_process/one_sided and a Path on every remote cache.
-void ChoosePaths(Link *link, const PeerIdentity &me);
+// The in-process proof of a LINK_INFO payload (role 'O' opener, 'A' acceptor): SealLinkInfo writes
+// it into the payload's last kProofBytes; FromThisProcess is true only when an engine of this very
+// process wrote that payload for these nonces.
+void SealLinkInfo(uint8_t role, const uint8_t *client_nonce, const uint8_t *server_nonce, std::string *payload);
+bool FromThisProcess(uint8_t role, const uint8_t *client_nonce, const uint8_t *server_nonce,
+                     const std::string &payload);
+// The peer's claimed boot id and network namespace match ours: worth trying the local exchange.
+bool SameHostHint(const PeerIdentity &me, const PeerIdentity &peer);
+// Sets link->same_host/one_sided and a Path on every remote cache from link->same_process (the
+// verified in-process proof) and link->local (the kernel-verified local exchange).
+void ChoosePaths(Link *link);
+// The link is up and the peer still exists (its pidfd, or its engine in this process).
+bool PeerAlive(const Link *link);
 
 }  // namespace kvblocks
 

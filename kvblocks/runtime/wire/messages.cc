@@ -9,7 +9,6 @@ namespace {
 void Put(Writer *w, const PeerIdentity &id) {
   w->PutBytes(id.boot_id, sizeof(id.boot_id));
   w->Put<uint64_t>(id.netns);
-  w->Put<uint32_t>(id.pid);
   w->Put<uint64_t>(id.instance);
   w->Put<uint64_t>(id.probe_addr);
   w->Put<uint64_t>(id.probe_value);
@@ -18,7 +17,6 @@ void Put(Writer *w, const PeerIdentity &id) {
 void Get(Reader *r, PeerIdentity *id) {
   r->GetBytes(id->boot_id, sizeof(id->boot_id));
   id->netns = r->Get<uint64_t>();
-  id->pid = r->Get<uint32_t>();
   id->instance = r->Get<uint64_t>();
   id->probe_addr = r->Get<uint64_t>();
   id->probe_value = r->Get<uint64_t>();
@@ -28,6 +26,9 @@ void Put(Writer *w, const LinkInfo &m) {
   w->Put<uint64_t>(m.capabilities);
   Put(w, m.identity);
   w->Put<int64_t>(m.clock_ns);
+  w->Put<uint8_t>(static_cast<uint8_t>(m.local_name.size()));
+  w->PutBytes(m.local_name.data(), m.local_name.size());
+  w->PutBytes(m.local_key, sizeof(m.local_key));
   EncodeTable(m.caches, w);
 }
 
@@ -35,6 +36,11 @@ void Get(Reader *r, LinkInfo *m) {
   m->capabilities = r->Get<uint64_t>();
   Get(r, &m->identity);
   m->clock_ns = r->Get<int64_t>();
+  const uint8_t name_len = r->Get<uint8_t>();
+  if (!r->ok || name_len > kMaxLocalName || name_len > r->left()) return void(r->ok = false);
+  m->local_name.assign(reinterpret_cast<const char *>(r->p + r->off), name_len);
+  r->Skip(name_len);
+  r->GetBytes(m->local_key, sizeof(m->local_key));
   if (r->ok && !DecodeTable(r, &m->caches)) r->ok = false;
 }
 
@@ -75,8 +81,6 @@ void Encode(const Hello &m, std::string *out) {
   w.Put<uint32_t>(static_cast<uint32_t>(m.kind));
   w.Put<uint64_t>(m.cluster_id);
   w.PutBytes(m.nonce, sizeof(m.nonce));
-  w.PutBytes(m.link_token, sizeof(m.link_token));
-  if (m.kind == ConnKind::kCtrl) Put(&w, m.info);
   *out = std::move(w.buf);
 }
 
@@ -88,8 +92,6 @@ bool Decode(const std::string &in, Hello *m) {
     m->kind = static_cast<ConnKind>(kind);
     m->cluster_id = r->Get<uint64_t>();
     r->GetBytes(m->nonce, sizeof(m->nonce));
-    r->GetBytes(m->link_token, sizeof(m->link_token));
-    if (r->ok && m->kind == ConnKind::kCtrl) Get(r, &m->info);
   });
 }
 
@@ -125,30 +127,46 @@ bool Decode(const std::string &in, AuthProof *m) {
   });
 }
 
-void Encode(const HelloAck &m, std::string *out) {
+void Encode(const LinkInfoMsg &m, std::string *out) {
   Writer w;
   w.Put<uint64_t>(m.cluster_id);
   w.PutBytes(m.link_token, sizeof(m.link_token));
   Put(&w, m.info);
+  w.PutBytes(m.inproc_proof, sizeof(m.inproc_proof));  // last: it covers every byte before it
   *out = std::move(w.buf);
 }
 
-bool Decode(const std::string &in, HelloAck *m) {
+bool Decode(const std::string &in, LinkInfoMsg *m) {
   return DecodeAll(in, [&](Reader *r) {
     m->cluster_id = r->Get<uint64_t>();
     r->GetBytes(m->link_token, sizeof(m->link_token));
     Get(r, &m->info);
+    r->GetBytes(m->inproc_proof, sizeof(m->inproc_proof));
   });
+}
+
+void Encode(const Bind &m, std::string *out) {
+  Writer w;
+  w.PutBytes(m.link_token, sizeof(m.link_token));
+  *out = std::move(w.buf);
+}
+
+bool Decode(const std::string &in, Bind *m) {
+  return DecodeAll(in, [&](Reader *r) { r->GetBytes(m->link_token, sizeof(m->link_token)); });
 }
 
 void Encode(const Confirm &m, std::string *out) {
   Writer w;
   w.Put<int64_t>(m.clock_offset_ns);
+  w.Put<uint8_t>(m.local_exchange);
   *out = std::move(w.buf);
 }
 
 bool Decode(const std::string &in, Confirm *m) {
-  return DecodeAll(in, [&](Reader *r) { m->clock_offset_ns = r->Get<int64_t>(); });
+  return DecodeAll(in, [&](Reader *r) {
+    m->clock_offset_ns = r->Get<int64_t>();
+    m->local_exchange = r->Get<uint8_t>() == 1;
+  });
 }
 
 void Encode(const CacheRef &m, std::string *out) {

@@ -21,11 +21,14 @@ enum FrameType : uint16_t {
   kHelloAck = 4,
   kConfirm = 5,
   kConfirmAck = 6,
+  kBind = 7,      // data channel, after authentication: the link token; answered with kBind + status
+  kLinkInfo = 8,  // control, after authentication: each side's LinkInfoMsg (the answer carries a status)
   kUnlink = 10,
   kUnlinkAck = 11,
   kOpenReverse = 12,
   kCacheGone = 13,     // unregistered: stop using it one-sided
   kCacheGoneAck = 14,
+  kReverseRefused = 15,  // the opener will not open the requested reverse channel
   kReadReq = 20,
   kReadResp = 21,
   kWriteReq = 22,
@@ -33,7 +36,8 @@ enum FrameType : uint16_t {
   kWriteDone = 24,
   kError = 30,
 };
-constexpr uint16_t kFlagInline = 1;  // WRITE_REQ: the data follows the request
+constexpr uint16_t kFlagInline = 1;    // WRITE_REQ: the data follows the request
+constexpr uint16_t kFlagCrossing = 2;  // LINK_INFO/CONFIRM_ACK refusal: both sides link at once, ours wins
 
 constexpr size_t kFrameHeaderBytes = 24;
 struct FrameHeader {
@@ -55,29 +59,45 @@ enum Capability : uint64_t {
 
 enum class ConnKind : uint32_t { kCtrl = 1, kDataFwd = 2, kDataRev = 3 };
 
+// What a side CLAIMS about itself. Only hints: same-process and same-host paths are chosen from
+// facts this process verifies (an in-process proof, SO_PEERCRED on a local socket), never from these.
 struct PeerIdentity {
   uint8_t boot_id[16] = {};
   uint64_t netns = 0;
-  uint32_t pid = 0;
   uint64_t instance = 0;
   uint64_t probe_addr = 0, probe_value = 0;
 };
 
-// What a control connection's side says about itself: capabilities, identity, clock, caches.
+// What a control connection's side says about itself, sent only after mutual authentication.
 struct LinkInfo {
   uint64_t capabilities = 0;
   PeerIdentity identity;
-  int64_t clock_ns = 0;  // CLOCK_MONOTONIC when sent
+  int64_t clock_ns = 0;    // CLOCK_MONOTONIC when sent
+  std::string local_name;  // acceptor: abstract Unix socket for the same-host exchange ("" = none)
+  uint8_t local_key[16] = {};  // what the other side must present on that socket / must be answered with
   std::vector<TableEntry> caches;
 };
 
+// LINK_INFO payload. `inproc_proof` = HMAC(process secret, role || client nonce || server nonce ||
+// every byte before it): only an engine of this very process can produce it for fresh nonces.
+struct LinkInfoMsg {
+  uint64_t cluster_id = 0;
+  uint8_t link_token[16] = {};  // acceptor only: the token data channels present
+  LinkInfo info;
+  uint8_t inproc_proof[kProofBytes] = {};
+};
+
+// Fixed size, so a listener reads at most kHelloBytes from an unauthenticated peer.
 struct Hello {
   uint32_t version = kProtocolVersion;
   ConnKind kind = ConnKind::kCtrl;
   uint64_t cluster_id = 0;  // the opener's
   uint8_t nonce[kNonceBytes] = {};
-  uint8_t link_token[16] = {};  // zeros on control connections
-  LinkInfo info;                // control connections only
+};
+constexpr size_t kHelloBytes = 32;
+
+struct Bind {  // a data channel's first message after authentication
+  uint8_t link_token[16] = {};
 };
 
 struct Challenge {
@@ -92,15 +112,9 @@ struct AuthProof {
   uint8_t proof[kProofBytes] = {};
 };
 
-// The acceptor's answer on a control connection with status 0 (data channels: empty payload).
-struct HelloAck {
-  uint64_t cluster_id = 0;
-  uint8_t link_token[16] = {};
-  LinkInfo info;
-};
-
 struct Confirm {
   int64_t clock_offset_ns = 0;  // acceptor clock = opener clock + offset
+  bool local_exchange = false;  // the opener connects to the acceptor's local socket now
 };
 
 struct CacheRef {  // CACHE_GONE and CACHE_GONE_ACK
@@ -124,7 +138,8 @@ struct XferRequest {
 void Encode(const Hello &m, std::string *out);
 void Encode(const Challenge &m, std::string *out);
 void Encode(const AuthProof &m, std::string *out);
-void Encode(const HelloAck &m, std::string *out);
+void Encode(const LinkInfoMsg &m, std::string *out);
+void Encode(const Bind &m, std::string *out);
 void Encode(const Confirm &m, std::string *out);
 void Encode(const CacheRef &m, std::string *out);
 void Encode(const XferRequest &m, std::string *out);
@@ -132,7 +147,8 @@ void Encode(const XferRequest &m, std::string *out);
 bool Decode(const std::string &in, Hello *m);  // false also for another protocol version
 bool Decode(const std::string &in, Challenge *m);
 bool Decode(const std::string &in, AuthProof *m);
-bool Decode(const std::string &in, HelloAck *m);
+bool Decode(const std::string &in, LinkInfoMsg *m);
+bool Decode(const std::string &in, Bind *m);
 bool Decode(const std::string &in, Confirm *m);
 bool Decode(const std::string &in, CacheRef *m);
 bool Decode(const std::string &in, XferRequest *m);

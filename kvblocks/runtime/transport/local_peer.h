@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+// Facts about a same-host peer that the kernel verifies, not the peer: after authentication the
+// opener connects to a one-shot abstract Unix socket the acceptor announced; each side learns the
+// other's pid from SO_PEERCRED, pins it with a pidfd, and receives its memfds with SCM_RIGHTS. Each
+// side proves it is the other end of this very link by presenting the random key the other sent
+// over the authenticated control connection. One-sided paths use nothing but these facts.
+#ifndef KVBLOCKS_RUNTIME_TRANSPORT_LOCAL_PEER_H_
+#define KVBLOCKS_RUNTIME_TRANSPORT_LOCAL_PEER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvblocks {
+
+struct LocalPeer {
+  int pid = 0;     // from SO_PEERCRED
+  int pidfd = -1;  // pins `pid`: readable once that process has exited
+  std::map<int64_t, int> memfds;  // cache id -> memfd received with SCM_RIGHTS (owned)
+  void Release();  // closes the memfds not taken
+};
+
+using LocalFds = std::vector<std::pair<int64_t, int>>;  // cache id, our memfd
+
+// Acceptor: a fresh listening socket with a random abstract name (returned in `name`), or -1.
+int ListenLocal(std::string *name);
+// Acceptor: accepts one connection on `lfd`, checks the opener presents `my_key`, answers with
+// `their_key` and `mine`. False (and nothing learnt) on any mismatch, on a peer that is this
+// process, or when `deadline` passes.
+bool AcceptLocalExchange(int lfd, const uint8_t my_key[16], const uint8_t their_key[16], const LocalFds &mine,
+                         int64_t deadline, LocalPeer *out);
+// Opener: connects to the acceptor's socket (-1 when there is none in this network namespace),
+// then the same exchange from the connecting side.
+int ConnectLocal(const std::string &name);
+bool OpenerLocalExchange(int fd, const uint8_t my_key[16], const uint8_t their_key[16], const LocalFds &mine,
+                         int64_t deadline, LocalPeer *out);
+
+int OpenPidfd(int pid);          // -1 when the kernel has no pidfd_open
+bool ProcessExited(int pidfd);   // false for -1
+
+}  // namespace kvblocks
+
+#endif  // KVBLOCKS_RUNTIME_TRANSPORT_LOCAL_PEER_H_
