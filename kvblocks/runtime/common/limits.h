@@ -37,6 +37,11 @@ constexpr uint64_t kParallelBytes = 8ULL << 20;
 constexpr size_t kMaxCopyThreads = 4;
 constexpr uint64_t kPageBytes = 4096;  // allocated tensors are page-aligned so one mmap maps them
 
+// ---- asynchronous transfers
+// Worker threads executing submitted transfers, started as needed: enough to keep the channel pool
+// of two TCP links busy (kMaxRequesterChannels each); same-host copies share them.
+constexpr size_t kMaxAsyncThreads = 2 * kMaxRequesterChannels;
+
 // ---- defaults
 constexpr int64_t kDefaultWaitMs = 1000;  // llm.SyncKvCacheWaitTime
 constexpr int64_t kDefaultSpinUs = 50;    // KVBLOCKS_SPIN_US
