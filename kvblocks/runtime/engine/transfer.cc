@@ -310,7 +310,11 @@ Status Impl::ExecuteDetached(Transfer *t, bool pull) {
   t->remote_use.reset(new RemoteUse(*t->remote));
   if (!t->remote_use->ok)
     return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu unregistered cache %lld", peer, static_cast<long long>(t->remote->id));
-  return Execute(t, pull);
+  const Status st = Execute(t, pull);
+  if (st == LLM_NOT_YET_LINK || st == LLM_LINK_FAILED)  // no-op when the path gave a reason
+    Fail(st, "the link to cluster %llu broke while the %s was in flight (a transfer on it timed out or failed)",
+         peer, what);
+  return st;
 }
 
 // ------------------------------------------------------------------ extensions
