@@ -2,6 +2,8 @@
 // Asynchronous blocks transfers: the caller's thread runs every check of the synchronous call and
 // builds the plan (Impl::PrepareBlocks); a pool of runtime threads moves the bytes
 // (Impl::ExecuteDetached) and completes the handle. Completion needs no caller thread.
+#include <sched.h>
+
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -10,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/limits.h"
+#include "common/util.h"
 #include "engine/engine.h"
 #include "kvblocks/async.h"
 
@@ -60,7 +63,9 @@ class AsyncPool {
     bool wake;
     {
       std::lock_guard<std::mutex> g(mu_);
-      if (idle_ == 0 && threads_.size() < kMaxAsyncThreads) {
+      // A new worker when the queued jobs outnumber the free ones (asleep or spinning).
+      const size_t free_workers = idle_ + (spinning_.load(std::memory_order_relaxed) ? 1 : 0);
+      if (q_.size() + 1 > free_workers && threads_.size() < kMaxAsyncThreads) {
         try {
           threads_.emplace_back([this] { Loop(); });
         } catch (const std::system_error &) {
@@ -68,18 +73,43 @@ class AsyncPool {
         }
       }
       q_.push_back(std::move(job));
-      wake = idle_ > 0;
+      queued_.store(q_.size(), std::memory_order_release);
+      // The spinning worker takes one job without a wake-up; more jobs wake sleeping workers.
+      wake = idle_ > 0 && (!spinning_.load(std::memory_order_relaxed) || q_.size() > 1);
     }
     if (wake) cv_.notify_one();
     return true;
   }
 
  private:
+  // Yields rather than pauses: on a machine with more runnable threads than cores the spinner
+  // must not take the submitter's (or the peer's) core.
+  static void Relax() { sched_yield(); }
+
+  // Polls the queue for kAsyncSpinUs without the lock; true when a job may be there.
+  bool Spin() {
+    const int64_t until = NowNs() + kAsyncSpinUs * 1000;
+    for (int i = 0;; ++i) {
+      if (queued_.load(std::memory_order_acquire) != 0) return true;
+      if ((i & 7) == 7 && NowNs() >= until) return false;
+      Relax();
+    }
+  }
+
   void Loop() {
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
       if (q_.empty()) {
         if (stop_) return;
+        bool expected = false;
+        if (spinning_.compare_exchange_strong(expected, true)) {  // one spinner at a time
+          lk.unlock();
+          const bool got = Spin();
+          lk.lock();
+          spinning_.store(false);
+          if (got) continue;
+          if (!q_.empty()) continue;
+        }
         ++idle_;
         cv_.wait(lk, [this] { return stop_ || !q_.empty(); });
         --idle_;
@@ -87,7 +117,10 @@ class AsyncPool {
       }
       Job job = std::move(q_.front());
       q_.pop_front();
+      queued_.store(q_.size(), std::memory_order_release);
+      const bool more = !q_.empty() && idle_ > 0;
       lk.unlock();
+      if (more) cv_.notify_one();
       impl_->RunDetached(std::move(job.t), job.pull, job.s);
       lk.lock();
     }
@@ -98,7 +131,9 @@ class AsyncPool {
   std::condition_variable cv_;
   std::deque<Job> q_;
   std::vector<std::thread> threads_;
-  size_t idle_ = 0;
+  std::atomic<size_t> queued_{0};     // q_.size(), readable without the lock
+  std::atomic<bool> spinning_{false};  // a worker is polling the queue
+  size_t idle_ = 0;                    // workers asleep on cv_
   bool stop_ = false;
 };
 
