@@ -69,7 +69,9 @@ try:
         KvCacheExtParam,
         LlmDataDist,
         LlmRole,
+        TransferHandle,
         validate_blocks,
+        wait_all,
     )
 except ImportError as _err:
     _source_tree_error(_err)
@@ -100,5 +102,5 @@ __all__ = [
     "OPTION_AUTH_TOKEN", "OPTION_BUF_POOL_CFG", "OPTION_DEVICE_ID", "OPTION_ENABLE_SET_ROLE",
     "OPTION_GLOBAL_RESOURCE_CONFIG", "OPTION_LISTEN_IP_INFO", "OPTION_LOCAL_COMM_RES", "OPTION_ROLE_CHECK",
     "OPTION_SYNC_CACHE_WAIT_TIME", "OPTION_TRANSFER_BACKEND", "OPTION_TRANSPORT", "get_include",
-    "get_library_dir", "validate_blocks",
+    "get_library_dir", "validate_blocks", "TransferHandle", "wait_all",
 ]

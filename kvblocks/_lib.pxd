@@ -4,7 +4,7 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libcpp.memory cimport unique_ptr
 
-from kvblocks.includes.libkvblocks cimport CLlmDataDist, Status
+from kvblocks.includes.libkvblocks cimport CLlmDataDist, CTransferHandle, Status
 
 
 cdef int check_status(Status st, const char* what) except -1 nogil
@@ -29,3 +29,23 @@ cdef Status push_blocks_nogil(CLlmDataDist* dd, int64_t src_cache_id, uint32_t s
                               uint64_t dst_cluster_id, int64_t dst_cache_id, const uint64_t* src_blocks,
                               const uint64_t* dst_blocks, size_t n, int32_t src_first, int32_t src_last,
                               int32_t dst_first, int32_t dst_last, uint8_t tensor_num_per_layer) noexcept nogil
+
+
+# Asynchronous transfers for nogil code (kvblocks runtime only; LLM_FEATURE_NOT_ENABLED against
+# CANN). The submit functions run every check of the synchronous call and return its status; on
+# LLM_SUCCESS `out` is the transfer in flight. Wait returns the transfer's status, or
+# LLM_WAIT_PROC_TIMEOUT when `timeout_ms` (< 0: no limit) passed first (the transfer is still in
+# flight). Waiting never needs the GIL; any thread may wait.
+cdef Status pull_blocks_async_nogil(CLlmDataDist* dd, uint64_t src_cluster_id, int64_t src_cache_id,
+                                    int64_t dst_cache_id, const uint64_t* src_blocks, const uint64_t* dst_blocks,
+                                    size_t n, int32_t src_first, int32_t src_last, int32_t dst_first,
+                                    int32_t dst_last, uint8_t tensor_num_per_layer,
+                                    CTransferHandle* out) noexcept nogil
+
+cdef Status push_blocks_async_nogil(CLlmDataDist* dd, int64_t src_cache_id, uint32_t src_num_tensors,
+                                    uint64_t dst_cluster_id, int64_t dst_cache_id, const uint64_t* src_blocks,
+                                    const uint64_t* dst_blocks, size_t n, int32_t src_first, int32_t src_last,
+                                    int32_t dst_first, int32_t dst_last, uint8_t tensor_num_per_layer,
+                                    CTransferHandle* out) noexcept nogil
+
+cdef Status wait_transfer_nogil(const CTransferHandle* h, int64_t timeout_ms) noexcept nogil

@@ -469,6 +469,65 @@ cdef class LlmDataDist:
             st = self._impl.get().CopyKvCache(s, d, src_batch_index, dst_batch_index, offset, size)
         check_status(st, b"copy_kv_cache")
 
+    # ---------------------------------------------------------------- asynchronous transfers
+    def pull_kv_blocks_async(self, CacheIndex src_index not None, dst_cache, src_blocks, dst_blocks,
+                             KvCacheExtParam ext_param=None):
+        """Submits :meth:`pull_kv_blocks` and returns a :class:`TransferHandle` without waiting.
+
+        Every check of the synchronous call runs here, with the same exceptions; the deadline
+        (``llm.SyncKvCacheWaitTime``) counts from this call. Do not touch the destination blocks
+        until :meth:`TransferHandle.wait` has returned.
+
+        Raises
+        ------
+        TypeError, ValueError, ParamInvalidError, CacheNotExistError, LinkError
+            As :meth:`pull_kv_blocks`, at submission; nothing moves.
+        """
+        return _pull_async(self, src_index, dst_cache, src_blocks, dst_blocks, ext_param)
+
+    def push_kv_blocks_async(self, src_cache, CacheIndex dst_index not None, src_blocks, dst_blocks,
+                             KvCacheExtParam ext_param=None):
+        """Submits :meth:`push_kv_blocks` and returns a :class:`TransferHandle` without waiting.
+
+        Do not modify the source blocks until :meth:`TransferHandle.wait` has returned.
+
+        Raises
+        ------
+        TypeError, ValueError, ParamInvalidError, CacheNotExistError, LinkError
+            As :meth:`push_kv_blocks`, at submission; nothing moves.
+        """
+        return _push_async(self, src_cache, dst_index, src_blocks, dst_blocks, ext_param)
+
+    def pull_kv_blocks_batch(self, requests):
+        """Submits many pulls at once (possibly from different peers); returns one
+        :class:`TransferHandle` per request, in order.
+
+        Each request is a tuple ``(src_index, dst_cache, src_blocks, dst_blocks[, ext_param])`` or a
+        dict of those keyword arguments. All requests are checked before any is submitted: one bad
+        request raises and none moves.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A request is malformed.
+        ParamInvalidError, CacheNotExistError, LinkError
+            A request fails a check of :meth:`pull_kv_blocks` (the message names its index), or
+            ``requests`` is empty.
+        """
+        return _submit_batch(self, requests, True)
+
+    def push_kv_blocks_batch(self, requests):
+        """Submits many pushes at once; each request is ``(src_cache, dst_index, src_blocks,
+        dst_blocks[, ext_param])`` or a dict of them. All-or-nothing as
+        :meth:`pull_kv_blocks_batch`; returns one :class:`TransferHandle` per request.
+
+        Raises
+        ------
+        TypeError, ValueError, ParamInvalidError, CacheNotExistError, LinkError
+            As :meth:`pull_kv_blocks_batch`, with the checks of :meth:`push_kv_blocks`.
+        """
+        return _submit_batch(self, requests, False)
+
     # ---------------------------------------------------------------- introspection
     def link_path(self, uint64_t cluster_id):
         """Data path towards a linked peer: ``"inprocess"``, ``"shm"``, ``"cma"``, ``"shm+cma"``,
@@ -537,3 +596,6 @@ cdef Status push_blocks_nogil(CLlmDataDist* dd, int64_t src_cache_id, uint32_t s
     ext.dst_layer_range = c_pair[int32_t, int32_t](dst_first, dst_last)
     ext.tensor_num_per_layer = tensor_num_per_layer
     return PushBlocksRaw(dd[0], c, idx, src_blocks, dst_blocks, n, ext)
+
+
+include "_async.pxi"

@@ -19,6 +19,23 @@ constexpr const char OPTION_AUTH_TOKEN[] = "kvblocks.AuthToken";
 constexpr const char OPTION_ROLE_CHECK[] = "kvblocks.RoleCheck";
 enum class CacheKind : uint8_t { kMix = 0, kBlocks = 1, kCache = 2 };
 inline const char *LastErrorMessage() noexcept { return ""; }
+// Asynchronous transfers are a kvblocks runtime feature: against CANN no handle is ever valid.
+class TransferHandle {
+ public:
+  bool Valid() const noexcept { return false; }
+  bool Done() const noexcept { return true; }
+  llm_datadist::Status Wait(int64_t = -1) const noexcept { return llm_datadist::LLM_FEATURE_NOT_ENABLED; }
+  llm_datadist::Status Status() const noexcept { return llm_datadist::LLM_FEATURE_NOT_ENABLED; }
+  const char *Message() const noexcept { return ""; }
+};
+struct BlocksRequest {
+  bool pull = true;
+  llm_datadist::CacheIndex remote;
+  llm_datadist::Cache local;
+  std::vector<uint64_t> src_blocks;
+  std::vector<uint64_t> dst_blocks;
+  llm_datadist::KvCacheExtParam ext;
+};
 struct ImplAccess {
   static llm_datadist::Status AddCache(llm_datadist::LlmDataDist &dd, const llm_datadist::CacheDesc &desc,
                                        const std::vector<uint64_t> &addrs, CacheKind kind, int64_t key,
@@ -38,6 +55,23 @@ struct ImplAccess {
   static std::string LinkPath(llm_datadist::LlmDataDist &, uint64_t) { return "cann"; }
   static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &, int64_t) { return nullptr; }
   static int LinkChannels(llm_datadist::LlmDataDist &, uint64_t) { return 0; }
+  static llm_datadist::Status PullKvBlocksAsync(llm_datadist::LlmDataDist &, const llm_datadist::CacheIndex &,
+                                                const llm_datadist::Cache &, const std::vector<uint64_t> &,
+                                                const std::vector<uint64_t> &, const llm_datadist::KvCacheExtParam &,
+                                                TransferHandle &) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static llm_datadist::Status PushKvBlocksAsync(llm_datadist::LlmDataDist &, const llm_datadist::Cache &,
+                                                const llm_datadist::CacheIndex &, const std::vector<uint64_t> &,
+                                                const std::vector<uint64_t> &, const llm_datadist::KvCacheExtParam &,
+                                                TransferHandle &) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static llm_datadist::Status SubmitBlocksBatch(llm_datadist::LlmDataDist &, const std::vector<BlocksRequest> &,
+                                                std::vector<TransferHandle> &, size_t &failed) noexcept {
+    failed = 0;
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
 };
 }  // namespace kvblocks
 #endif
@@ -61,6 +95,33 @@ inline llm_datadist::Status PushBlocksRaw(llm_datadist::LlmDataDist &dd, const l
                                           size_t n, const llm_datadist::KvCacheExtParam &ext) noexcept {
   try {
     return dd.PushKvBlocks(src, dst, std::vector<uint64_t>(sb, sb + n), std::vector<uint64_t>(db, db + n), ext);
+  } catch (const std::bad_alloc &) {
+    return llm_datadist::LLM_OUT_OF_MEMORY;
+  } catch (...) {
+    return llm_datadist::LLM_FAILED;
+  }
+}
+// Asynchronous transfers from raw block arrays (the cimport API); never throw.
+inline llm_datadist::Status PullBlocksAsyncRaw(llm_datadist::LlmDataDist &dd, const llm_datadist::CacheIndex &src,
+                                               const llm_datadist::Cache &dst, const uint64_t *sb, const uint64_t *db,
+                                               size_t n, const llm_datadist::KvCacheExtParam &ext,
+                                               TransferHandle &out) noexcept {
+  try {
+    return ImplAccess::PullKvBlocksAsync(dd, src, dst, std::vector<uint64_t>(sb, sb + n),
+                                         std::vector<uint64_t>(db, db + n), ext, out);
+  } catch (const std::bad_alloc &) {
+    return llm_datadist::LLM_OUT_OF_MEMORY;
+  } catch (...) {
+    return llm_datadist::LLM_FAILED;
+  }
+}
+inline llm_datadist::Status PushBlocksAsyncRaw(llm_datadist::LlmDataDist &dd, const llm_datadist::Cache &src,
+                                               const llm_datadist::CacheIndex &dst, const uint64_t *sb,
+                                               const uint64_t *db, size_t n, const llm_datadist::KvCacheExtParam &ext,
+                                               TransferHandle &out) noexcept {
+  try {
+    return ImplAccess::PushKvBlocksAsync(dd, src, dst, std::vector<uint64_t>(sb, sb + n),
+                                         std::vector<uint64_t>(db, db + n), ext, out);
   } catch (const std::bad_alloc &) {
     return llm_datadist::LLM_OUT_OF_MEMORY;
   } catch (...) {

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Cython embedding: a throwaway downstream extension cimports kvblocks and moves data from its
-own ``with nogil:`` block through ``pull_blocks_nogil`` / ``push_blocks_nogil``."""
+own ``with nogil:`` block through ``pull_blocks_nogil`` / ``push_blocks_nogil`` and the asynchronous
+``pull_blocks_async_nogil`` / ``push_blocks_async_nogil`` / ``wait_transfer_nogil``."""
 import os
 import shutil
 import subprocess
@@ -24,7 +25,8 @@ PYX = '''
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libcpp.vector cimport vector
 from kvblocks._lib cimport LlmDataDist, pull_blocks_nogil, push_blocks_nogil
-from kvblocks.includes.libkvblocks cimport CLlmDataDist, Status
+from kvblocks._lib cimport pull_blocks_async_nogil, push_blocks_async_nogil, wait_transfer_nogil
+from kvblocks.includes.libkvblocks cimport CLlmDataDist, CTransferHandle, Status
 
 
 def pull(LlmDataDist dd, uint64_t cluster, int64_t src_id, int64_t dst_id, src, dst):
@@ -47,6 +49,35 @@ def push(LlmDataDist dd, int64_t src_id, uint32_t num_tensors, uint64_t cluster,
         st = push_blocks_nogil(p, src_id, num_tensors, cluster, dst_id, s.data(), d.data(), s.size(),
                                first, last, first, last, <unsigned char>tnpl)
     return st
+
+
+def pull_async(LlmDataDist dd, uint64_t cluster, int64_t src_id, int64_t dst_id, src, dst):
+    # submit and wait without the GIL: (submit status, wait status)
+    cdef vector[uint64_t] s = src
+    cdef vector[uint64_t] d = dst
+    cdef CLlmDataDist* p = dd.native()
+    cdef CTransferHandle h
+    cdef Status st, wst = 0
+    with nogil:
+        st = pull_blocks_async_nogil(p, cluster, src_id, dst_id, s.data(), d.data(), s.size(), -1, -1, -1, -1, 2,
+                                     &h)
+        if st == 0:
+            wst = wait_transfer_nogil(&h, -1)
+    return st, wst
+
+
+def push_async(LlmDataDist dd, int64_t src_id, uint32_t num_tensors, uint64_t cluster, int64_t dst_id, src, dst):
+    cdef vector[uint64_t] s = src
+    cdef vector[uint64_t] d = dst
+    cdef CLlmDataDist* p = dd.native()
+    cdef CTransferHandle h
+    cdef Status st, wst = 0
+    with nogil:
+        st = push_blocks_async_nogil(p, src_id, num_tensors, cluster, dst_id, s.data(), d.data(), s.size(),
+                                     -1, -1, -1, -1, 2, &h)
+        if st == 0:
+            wst = wait_transfer_nogil(&h, 10000)
+    return st, wst
 '''
 
 SETUP = '''
@@ -95,6 +126,14 @@ assert not dst[2][[5, 7]].any()  # layer 2 untouched by the push
 # an error comes back as a status, not an exception
 st = downstream.pull(d, 1, pc.cache_id, dc.cache_id, [0], [99])
 assert st == 0x5010B005, hex(st)
+# asynchronous: submit + wait from nogil code; a bad index fails at submission, nothing submitted
+for t in range(4):
+    dst[t][:] = 0
+assert downstream.pull_async(d, 1, pc.cache_id, dc.cache_id, [6, 7], [1, 0]) == (0, 0)
+assert dst[1][[1, 0]].tobytes() == src[1][[6, 7]].tobytes() and not dst[1][2:].any()
+assert downstream.pull_async(d, 1, pc.cache_id, dc.cache_id, [0], [99]) == (0x5010B005, 0)
+assert downstream.push_async(p, pc.cache_id, 4, 2, dc.cache_id, [2], [5]) == (0, 0)
+assert dst[0][5].tobytes() == src[0][2].tobytes()
 d.finalize()
 p.finalize()
 print("nogil ok")

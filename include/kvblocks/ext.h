@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kvblocks/async.h"
 #include "kvblocks/error.h"
 #include "llm_datadist/llm_datadist.h"
 
@@ -42,6 +43,29 @@ struct KVBLOCKS_API ImplAccess {
   static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &dd, int64_t cache_id) noexcept;
   // Number of data channels currently open towards a peer (tests and introspection).
   static int LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept;
+
+  // Asynchronous PullKvBlocks / PushKvBlocks (include/kvblocks/async.h). Every check of the
+  // synchronous call runs here, with its statuses; on LLM_SUCCESS `out` is the in-flight transfer,
+  // whose deadline (llm.SyncKvCacheWaitTime) counts from this call. On a failure nothing moves.
+  static llm_datadist::Status PullKvBlocksAsync(llm_datadist::LlmDataDist &dd,
+                                                const llm_datadist::CacheIndex &src_cache_index,
+                                                const llm_datadist::Cache &dst_cache,
+                                                const std::vector<uint64_t> &src_blocks,
+                                                const std::vector<uint64_t> &dst_blocks,
+                                                const llm_datadist::KvCacheExtParam &ext_param,
+                                                TransferHandle &out) noexcept;
+  static llm_datadist::Status PushKvBlocksAsync(llm_datadist::LlmDataDist &dd, const llm_datadist::Cache &src_cache,
+                                                const llm_datadist::CacheIndex &dst_cache_index,
+                                                const std::vector<uint64_t> &src_blocks,
+                                                const std::vector<uint64_t> &dst_blocks,
+                                                const llm_datadist::KvCacheExtParam &ext_param,
+                                                TransferHandle &out) noexcept;
+  // Submits every request, or none: all are checked first; the first failure is returned with
+  // `failed` set to its index (and its reason as the last error), and nothing is submitted. On
+  // LLM_SUCCESS `out` holds one handle per request, in order.
+  static llm_datadist::Status SubmitBlocksBatch(llm_datadist::LlmDataDist &dd,
+                                                const std::vector<BlocksRequest> &requests,
+                                                std::vector<TransferHandle> &out, size_t &failed) noexcept;
 };
 
 }  // namespace kvblocks

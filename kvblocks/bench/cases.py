@@ -2,7 +2,7 @@
 """The case matrix: kvblocks cases, each with the id of the baseline measured beside it.
 
 Groups (``--case`` takes a group name or a glob over case ids): validation, dispatch, shm, cma,
-tcp, scaling, import, and base (the baselines, added to any selection that needs them).
+tcp, async, scaling, import, and base (the baselines, added to any selection that needs them).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import sys
 import tempfile
 
 from . import baselines as bl
+from . import cases_async
 from .common import (KiB, MiB, SCALE_BLOCK_BYTES, SCALE_BLOCKS, SCALE_BLOCKS_64B,
                      SCALE_FIXED_BYTES, SCALE_LAYERS, SIZES, TRANSFER_PATHS, VALIDATION_NS, Case, human_bytes)
 from .common import np as _np
@@ -272,6 +273,7 @@ def all_cases():
         cases.append(bl.memcpy_case(2 * L * B * bb, pgroup=f"samehost-{size}"))
     for path in TRANSFER_PATHS:
         cases += _transfer_block(path)
+    cases += cases_async.async_cases()
     scaling = _scaling_cases()
     cases += _scaling_baselines(scaling, {c.id for c in cases}) + scaling
     cases.append(_import_case("json"))

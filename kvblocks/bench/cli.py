@@ -9,6 +9,7 @@ Groups (--case takes a group name or a glob over case ids, repeatable):
               registered numpy arrays use process_vm_readv/writev), small and large,
               random and contiguous ids, vs numpy memcpy and numpy block gather
   tcp         the same over kvblocks.Transport=tcp vs a raw socket and a raw 8-byte ping-pong
+  async       pull_kv_blocks_async submission vs validation; 64 TCP pulls in flight vs in a row
   scaling     time vs bytes per call, vs blocks per call at fixed bytes, vs layers
   import      import kvblocks in a fresh interpreter
 

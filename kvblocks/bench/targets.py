@@ -64,6 +64,20 @@ def _inprocess(by, add):
             "numpy imported!" if r.get("bad_blocks") else "numpy not imported")
 
 
+def _async(by, add):
+    r = by.get("async/submit-16x16B")
+    if r and r.get("paired_baseline_median_s"):
+        v = r["median_s"] - r["paired_baseline_median_s"]
+        add("async submit, 16 blocks, over validation", f"{v * 1e6:+.2f} us", "<= +2 us", v <= 2e-6,
+            f"{r['median_s'] * 1e6:.2f} us vs validate_blocks {r['paired_baseline_median_s'] * 1e6:.2f} us "
+            "(interleaved)")
+    r = by.get("async/tcp-64-inflight")
+    if r and r.get("ratio"):
+        v = 1 / r["ratio"]
+        add("tcp 64 small pulls in flight vs sequential", f"{v:.2f}x", ">= 4x", v >= 4,
+            f"{r['median_s'] * 1e3:.2f} ms vs {_base_med(r, by) * 1e3:.2f} ms (interleaved)")
+
+
 def targets(rows, peer_rows):
     """[{"target", "value", "goal", "ok", "detail"}] for every target whose rows were measured.
     Raises nothing."""
@@ -77,4 +91,5 @@ def targets(rows, peer_rows):
     _samehost(by, pe, add)
     _tcp(by, add)
     _inprocess(by, add)
+    _async(by, add)
     return out

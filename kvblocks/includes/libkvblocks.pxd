@@ -151,6 +151,33 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
     const char* C_OPTION_AUTH_TOKEN "kvblocks::OPTION_AUTH_TOKEN"
     const char* C_OPTION_ROLE_CHECK "kvblocks::OPTION_ROLE_CHECK"
 
+    cdef cppclass CTransferHandle "kvblocks::TransferHandle":
+        CTransferHandle()
+        c_bool Valid() noexcept
+        c_bool Done() noexcept
+        Status Wait(int64_t timeout_ms) noexcept
+        Status GetStatus "Status"() noexcept
+        const char* Message() noexcept
+
+    cdef cppclass CBlocksRequest "kvblocks::BlocksRequest":
+        c_bool pull
+        CCacheIndex remote
+        CCache local
+        vector[uint64_t] src_blocks
+        vector[uint64_t] dst_blocks
+        CKvCacheExtParam ext
+
+    Status PullBlocksAsyncRaw "kvblocks::PullBlocksAsyncRaw"(CLlmDataDist& dd, const CCacheIndex& src,
+                                                             const CCache& dst, const uint64_t* sb,
+                                                             const uint64_t* db, size_t n,
+                                                             const CKvCacheExtParam& ext,
+                                                             CTransferHandle& out) noexcept
+    Status PushBlocksAsyncRaw "kvblocks::PushBlocksAsyncRaw"(CLlmDataDist& dd, const CCache& src,
+                                                             const CCacheIndex& dst, const uint64_t* sb,
+                                                             const uint64_t* db, size_t n,
+                                                             const CKvCacheExtParam& ext,
+                                                             CTransferHandle& out) noexcept
+
     cdef enum class CCacheKind "kvblocks::CacheKind"(uint8_t):
         kMix
         kBlocks
@@ -168,3 +195,14 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         shared_ptr[void] PinCacheMemory(CLlmDataDist& dd, int64_t cache_id)
         @staticmethod
         int LinkChannels(CLlmDataDist& dd, uint64_t cluster_id)
+        @staticmethod
+        Status PullKvBlocksAsync(CLlmDataDist& dd, const CCacheIndex& src, const CCache& dst,
+                                 const vector[uint64_t]& src_blocks, const vector[uint64_t]& dst_blocks,
+                                 const CKvCacheExtParam& ext, CTransferHandle& out) noexcept
+        @staticmethod
+        Status PushKvBlocksAsync(CLlmDataDist& dd, const CCache& src, const CCacheIndex& dst,
+                                 const vector[uint64_t]& src_blocks, const vector[uint64_t]& dst_blocks,
+                                 const CKvCacheExtParam& ext, CTransferHandle& out) noexcept
+        @staticmethod
+        Status SubmitBlocksBatch(CLlmDataDist& dd, const vector[CBlocksRequest]& requests,
+                                 vector[CTransferHandle]& out, size_t& failed) noexcept

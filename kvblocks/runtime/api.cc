@@ -137,3 +137,54 @@ int ImplAccess::LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id)
 }
 
 }  // namespace kvblocks
+
+// ------------------------------------------------------------------ asynchronous transfers
+namespace kvblocks {
+
+Status ImplAccess::PullKvBlocksAsync(llm_datadist::LlmDataDist &dd, const CacheIndex &src_cache_index,
+                                     const Cache &dst_cache, const std::vector<uint64_t> &src_blocks,
+                                     const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext_param,
+                                     TransferHandle &out) noexcept {
+  return llm_datadist::Guard([&] {
+    BlocksRequest r;
+    r.pull = true;
+    r.remote = src_cache_index;
+    r.local = dst_cache;
+    r.src_blocks = src_blocks;
+    r.dst_blocks = dst_blocks;
+    r.ext = ext_param;
+    size_t failed = 0;
+    return dd.impl_->SubmitBlocks(&r, 1, &out, &failed);
+  });
+}
+
+Status ImplAccess::PushKvBlocksAsync(llm_datadist::LlmDataDist &dd, const Cache &src_cache,
+                                     const CacheIndex &dst_cache_index, const std::vector<uint64_t> &src_blocks,
+                                     const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext_param,
+                                     TransferHandle &out) noexcept {
+  return llm_datadist::Guard([&] {
+    BlocksRequest r;
+    r.pull = false;
+    r.remote = dst_cache_index;
+    r.local = src_cache;
+    r.src_blocks = src_blocks;
+    r.dst_blocks = dst_blocks;
+    r.ext = ext_param;
+    size_t failed = 0;
+    return dd.impl_->SubmitBlocks(&r, 1, &out, &failed);
+  });
+}
+
+Status ImplAccess::SubmitBlocksBatch(llm_datadist::LlmDataDist &dd, const std::vector<BlocksRequest> &requests,
+                                     std::vector<TransferHandle> &out, size_t &failed) noexcept {
+  return llm_datadist::Guard([&] {
+    failed = 0;
+    std::vector<TransferHandle> handles(requests.size());
+    if (requests.empty()) return Fail(LLM_PARAM_INVALID, "the batch is empty");
+    const Status st = dd.impl_->SubmitBlocks(requests.data(), requests.size(), handles.data(), &failed);
+    if (st == LLM_SUCCESS) out.swap(handles);
+    return st;
+  });
+}
+
+}  // namespace kvblocks

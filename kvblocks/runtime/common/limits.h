@@ -50,6 +50,14 @@ constexpr uint64_t kParallelBytes = 8ULL << 20;
 constexpr uint64_t kDeadlineCheckBytes = 1ULL << 20;
 constexpr size_t kMaxCopyThreads = 4;
 
+// ---- asynchronous transfers
+// Worker threads executing submitted transfers, started as needed: enough to keep the channel pool
+// of two TCP links busy (kMaxRequesterChannels each); same-host copies share them.
+constexpr size_t kMaxAsyncThreads = 2 * kMaxRequesterChannels;
+// One idle worker polls the queue this long before sleeping, so a burst of submissions costs no
+// wake-up system call each (a futex wake is 1-5 us on a loaded machine; a submission ~1 us).
+constexpr int64_t kAsyncSpinUs = 50;
+
 // ---- defaults
 constexpr int64_t kDefaultWaitMs = 1000;  // llm.SyncKvCacheWaitTime
 constexpr int64_t kDefaultSpinUs = 50;    // KVBLOCKS_SPIN_US

@@ -36,6 +36,13 @@ struct Worker {
 };
 
 struct Transfer;
+struct TransferState;
+class AsyncPool;
+// Frees a Transfer (defined in transfer.cc) on the thread that holds its locks.
+struct TransferFree {
+  void operator()(Transfer *t) const;
+};
+using TransferPtr = std::unique_ptr<Transfer, TransferFree>;
 
 class Impl {
  public:
@@ -68,6 +75,9 @@ class Impl {
   std::string LinkPath(uint64_t cluster_id);
   std::shared_ptr<void> PinCacheMemory(int64_t cache_id);
   int LinkChannels(uint64_t cluster_id);
+  // async.cc: asynchronous blocks transfers; every request is checked (as the synchronous call)
+  // before any is submitted. `failed` is the index of the request that failed.
+  Status SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *out, size_t *failed);
 
  private:
   bool initialized() const { return initialized_.load(std::memory_order_acquire); }
@@ -100,6 +110,20 @@ class Impl {
   Status FindLink(Transfer *t, uint64_t cluster_id);
   Status FindRemote(Transfer *t, int64_t cache_id);
   Status Execute(Transfer *t, bool pull);
+  Status PreparePullBlocks(Transfer &t, const CacheIndex &src, const Cache &dst,
+                           const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
+                           const KvCacheExtParam &ext);
+  Status PreparePushBlocks(Transfer &t, const Cache &src, const CacheIndex &dst,
+                           const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
+                           const KvCacheExtParam &ext);
+  // transfer.cc, for async.cc: a prepared transfer handed to a worker thread
+  TransferPtr NewTransfer();
+  Status PrepareBlocks(Transfer *t, const BlocksRequest &r);
+  void Detach(Transfer *t);
+  Status ExecuteDetached(Transfer *t, bool pull);
+  // async.cc
+  friend class AsyncPool;
+  void RunDetached(TransferPtr t, bool pull, const std::shared_ptr<TransferState> &s);
   // caches.cc
   Status NotifyCacheGone(int64_t cache_id, int64_t deadline);
 
@@ -137,6 +161,11 @@ class Impl {
 
   uint64_t instance_token_ = 0;
   uint64_t probe_value_ = 0;
+
+  // Worker threads of asynchronous transfers (async.cc), started on first use. Declared last so it
+  // is destroyed first: its threads finish their jobs while the rest of the engine still exists.
+  std::mutex async_mu_;
+  std::shared_ptr<AsyncPool> async_;
 };
 
 }  // namespace kvblocks

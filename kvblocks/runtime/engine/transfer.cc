@@ -151,6 +151,13 @@ Status Impl::Execute(Transfer *t, bool pull) {
 Status Impl::PullBlocks(const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &src_blocks,
                         const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext) {
   Transfer t;
+  const Status st = PreparePullBlocks(t, src, dst, src_blocks, dst_blocks, ext);
+  return st != LLM_SUCCESS ? st : Execute(&t, true);
+}
+
+Status Impl::PreparePullBlocks(Transfer &t, const CacheIndex &src, const Cache &dst,
+                               const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
+                               const KvCacheExtParam &ext) {
   Status st;
   if ((st = Begin(&t, true)) != LLM_SUCCESS) return st;
   if (src.batch_index != 0) return Fail(LLM_PARAM_INVALID, "src_index.batch_index must be 0 for blocks");
@@ -172,12 +179,19 @@ Status Impl::PullBlocks(const CacheIndex &src, const Cache &dst, const std::vect
   if ((st = CheckStrides(lc.stride, rc)) != LLM_SUCCESS) return st;
   t.plan.PairTensors(span.src_begin, span.dst_begin, span.count);
   t.plan.AddBlocks(src_blocks, dst_blocks, lc.stride);
-  return Execute(&t, true);
+  return LLM_SUCCESS;
 }
 
 Status Impl::PushBlocks(const Cache &src, const CacheIndex &dst, const std::vector<uint64_t> &src_blocks,
                         const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext) {
   Transfer t;
+  const Status st = PreparePushBlocks(t, src, dst, src_blocks, dst_blocks, ext);
+  return st != LLM_SUCCESS ? st : Execute(&t, false);
+}
+
+Status Impl::PreparePushBlocks(Transfer &t, const Cache &src, const CacheIndex &dst,
+                               const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
+                               const KvCacheExtParam &ext) {
   Status st;
   if ((st = Begin(&t, false)) != LLM_SUCCESS) return st;
   if ((st = CheckPushSource(src)) != LLM_SUCCESS) return st;
@@ -197,7 +211,7 @@ Status Impl::PushBlocks(const Cache &src, const CacheIndex &dst, const std::vect
   if ((st = CheckStrides(lc.stride, rc)) != LLM_SUCCESS) return st;
   t.plan.PairTensors(span.src_begin, span.dst_begin, span.count);
   t.plan.AddBlocks(src_blocks, dst_blocks, lc.stride);
-  return Execute(&t, false);
+  return LLM_SUCCESS;
 }
 
 // ------------------------------------------------------------------ batches
@@ -262,6 +276,45 @@ Status Impl::PushCache(const Cache &src, const CacheIndex &dst, uint32_t src_bat
   t.plan.PairTensors(span.src_begin, span.dst_begin, span.count);
   t.plan.AddRange(src_batch_index * lc.stride, dst.batch_index * rc.stride, lc.stride);
   return Execute(&t, false);
+}
+
+// ------------------------------------------------------------------ asynchronous (engine/async.cc)
+void TransferFree::operator()(Transfer *t) const { delete t; }
+
+TransferPtr Impl::NewTransfer() { return TransferPtr(new Transfer); }
+
+Status Impl::PrepareBlocks(Transfer *t, const BlocksRequest &r) {
+  return r.pull ? PreparePullBlocks(*t, r.remote, r.local, r.src_blocks, r.dst_blocks, r.ext)
+                : PreparePushBlocks(*t, r.local, r.remote, r.src_blocks, r.dst_blocks, r.ext);
+}
+
+// A prepared transfer leaves the submitting thread without its locks: a lock is released by the
+// thread that took it. What it keeps (the cache entry, the link, the remote cache) are references.
+void Impl::Detach(Transfer *t) {
+  t->remote_use.reset();
+  t->state.unlock();
+}
+
+// On the worker: take again what Execute needs, and re-check what may have changed since the
+// submission. A transfer still queued at its deadline fails with LLM_TIMEOUT but moved nothing,
+// so it leaves the link intact.
+Status Impl::ExecuteDetached(Transfer *t, bool pull) {
+  t->state = std::shared_lock<std::shared_mutex>(state_mu_);
+  const char *what = pull ? "pull" : "push";
+  const unsigned long long peer = t->link->remote_cluster_id;
+  if (!initialized()) return Fail(LLM_FAILED, "the engine was finalized before the %s started", what);
+  if (NowNs() >= t->deadline)
+    return Fail(LLM_TIMEOUT, "%s did not start within llm.SyncKvCacheWaitTime=%lld ms of its submission; nothing "
+                "moved", what, static_cast<long long>(wait_time_ms_));
+  if (!t->link->alive.load()) return Fail(LLM_LINK_FAILED, "the link to cluster %llu failed before the %s started", peer, what);
+  t->remote_use.reset(new RemoteUse(*t->remote));
+  if (!t->remote_use->ok)
+    return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu unregistered cache %lld", peer, static_cast<long long>(t->remote->id));
+  const Status st = Execute(t, pull);
+  if (st == LLM_NOT_YET_LINK || st == LLM_LINK_FAILED)  // no-op when the path gave a reason
+    Fail(st, "the link to cluster %llu broke while the %s was in flight (a transfer on it timed out or failed)",
+         peer, what);
+  return st;
 }
 
 // ------------------------------------------------------------------ extensions
