@@ -358,7 +358,9 @@ Status Impl::UnlinkOne(const ClusterInfo &ci, int32_t timeout_ms, bool force) {
       if (left <= 0) break;
       link->cv.wait_for(g, std::chrono::nanoseconds(left));
     }
-    acked = link->unlink_acked;
+    // A link that died meanwhile is gone as asked: with both ends unlinking, the peer may close
+    // the control connection before its acknowledgement reaches us (or the close resets it).
+    acked = link->unlink_acked || !link->alive.load();
   }
   DropLink(link);
   if (acked) return LLM_SUCCESS;
