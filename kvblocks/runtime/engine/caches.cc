@@ -103,6 +103,15 @@ Status Impl::RemoveCache(int64_t cache_id) {
   // every same-host peer confirms its one-sided copies into it ended; only then is it removed.
   const int64_t deadline = NowNs() + std::max<int64_t>(wait_time_ms_, 1) * kMsNs;
   e->closing.store(true);
+  {
+    // Handshakes that snapshotted our table before `closing` register their link first.
+    std::unique_lock<std::shared_timed_mutex> barrier(table_mu_, std::defer_lock);
+    if (!barrier.try_lock_for(std::chrono::nanoseconds(std::max<int64_t>(deadline - NowNs(), 0)))) {
+      e->closing.store(false);
+      return Fail(LLM_TIMEOUT, "a link handshake in progress did not finish within llm.SyncKvCacheWaitTime; "
+                  "cache %lld stays registered", static_cast<long long>(cache_id));
+    }
+  }
   const Status st = NotifyCacheGone(cache_id, deadline);
   if (st != LLM_SUCCESS) {
     e->closing.store(false);  // still registered: the caller keeps the memory alive

@@ -144,6 +144,9 @@ class Impl {
   bool local_comm_res_ = false;  // CANN: with llm.LocalCommRes a cluster needs no local_ip_infos
 
   CacheRegistry caches_;
+  // Handshakes hold it shared from snapshotting our cache table until their link is registered;
+  // unregister takes it once, exclusively, so every link that may have seen a cache is asked.
+  std::shared_timed_mutex table_mu_;
   LinkRegistry links_;
   std::mutex linking_mu_;  // serialises handshakes that create links
   // Registration decisions (insert, adopt, crossing) of both LinkOne and the accepting side.

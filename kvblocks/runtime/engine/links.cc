@@ -228,6 +228,7 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
   // Authenticated both ways: now identity, clock and cache table.
   LinkInfoMsg mine;
   mine.cluster_id = cluster_id_;
+  std::shared_lock<std::shared_timed_mutex> table_hold(table_mu_);  // until the link is registered
   FillLinkInfo(&mine.info);
   std::string payload;
   Encode(mine, &payload);
@@ -305,6 +306,7 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
     std::lock_guard<std::mutex> g(link_state_mu_);
     st = links_.Insert(link, stopping_);
   }
+  table_hold.unlock();
   if (st != LLM_SUCCESS) {
     link->Fail();
     return st;
@@ -476,6 +478,7 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
   mine.cluster_id = cluster_id_;
   RandomBytes(link->token, sizeof(link->token));
   memcpy(mine.link_token, link->token, sizeof(mine.link_token));
+  std::shared_lock<std::shared_timed_mutex> table_hold(table_mu_);  // until the link is registered
   FillLinkInfo(&mine.info);
   if (!link->same_process && (link->capabilities & (kCapSharedMemory | kCapCma)) != 0)
     lfd = ListenLocal(&mine.info.local_name);
@@ -513,6 +516,7 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
       if (st != LLM_SUCCESS) link->ctrl_fd = -1;
     }
   }
+  table_hold.unlock();
   if (SendFlagged(fd, kConfirmAck, flags, st, deadline) != IoResult::kOk || st != LLM_SUCCESS) {
     if (st == LLM_SUCCESS) {
       {
