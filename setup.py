@@ -11,6 +11,13 @@ Environment switches:
       KVBLOCKS_DEBUG=1).
   KVBLOCKS_CYTHON_ANNOTATE=1  write the Cython annotation HTML.
   KVBLOCKS_OPT="-O2"          optimisation flags for the C++ runtime.
+  KVBLOCKS_SANITIZE=address,undefined  build both libraries with these sanitizers (the list goes to
+      -fsanitize=), frame pointers and debug info kept, unstripped; undefined behaviour aborts
+      (-fno-sanitize-recover=undefined). Python then needs the ASan runtime loaded first:
+      LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 pytest
+      (CPython's own allocations would read as leaks). .ci/run does this.
+
+A build whose flags differ from the previous one in the same build/ folder recompiles everything.
 """
 import os
 import shutil
@@ -27,10 +34,19 @@ RUNTIME_LIB = "llm_datadist"
 CANN_HOME = os.environ.get("KVBLOCKS_CANN_HOME")
 DEBUG = os.environ.get("KVBLOCKS_CYTHON_DEBUG") == "1"
 DEBUG_INFO = DEBUG or os.environ.get("KVBLOCKS_DEBUG") == "1"
+SANITIZE = os.environ.get("KVBLOCKS_SANITIZE", "").strip()
+if SANITIZE:
+    if not all(SANITIZE.split(",")) or any(c.isspace() for c in SANITIZE):
+        sys.exit(f"KVBLOCKS_SANITIZE={SANITIZE!r}: give a comma list such as address,undefined")
+    DEBUG_INFO = True  # reports with file:line
+SAN_CFLAGS = ["-fsanitize=" + SANITIZE, "-fno-omit-frame-pointer"] if SANITIZE else []
+if "undefined" in SANITIZE.split(","):
+    SAN_CFLAGS.append("-fno-sanitize-recover=undefined")  # undefined behaviour fails the test run
+SAN_LDFLAGS = ["-fsanitize=" + SANITIZE] if SANITIZE else []
 # Python's own CFLAGS usually carry -g; a later -g0 wins. -s drops the static symbol table at link
 # (the exported API lives in the dynamic symbol table, which stays).
-DEBUG_CFLAGS = ["-g"] if DEBUG_INFO else ["-g0"]
-DEBUG_LDFLAGS = [] if DEBUG_INFO else ["-s"]
+DEBUG_CFLAGS = (["-g"] if DEBUG_INFO else ["-g0"]) + SAN_CFLAGS
+DEBUG_LDFLAGS = ([] if DEBUG_INFO else ["-s"]) + SAN_LDFLAGS
 CXXFLAGS = ["-std=c++17", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
 OPT = os.environ.get("KVBLOCKS_OPT", "-O2").split()
 
@@ -52,9 +68,23 @@ class BuildExt(build_ext):
     def run(self):
         # setuptools clears self.inplace inside run(); decide the library's home first.
         self._rt_dir = self.runtime_dir()
+        # Objects and libraries left in build/ by a build with other flags (a sanitizer build, say)
+        # look up to date to distutils: recompile and relink everything when the flags changed.
+        stamp = os.path.join(self.build_temp, "kvblocks-flags")
+        flags = " ".join([CANN_HOME or "-", str(DEBUG)] + CXXFLAGS + OPT + DEBUG_CFLAGS + DEBUG_LDFLAGS)
+        try:
+            with open(stamp) as f:
+                same = f.read() == flags
+        except OSError:
+            same = False
+        if not same:
+            self.force = True
         if not CANN_HOME:
             self.build_runtime()
         super().run()
+        os.makedirs(self.build_temp, exist_ok=True)
+        with open(stamp, "w") as f:
+            f.write(flags)
         if self.inplace:
             src = os.path.join(HERE, "include")
             dst = os.path.join(HERE, "kvblocks", "include")

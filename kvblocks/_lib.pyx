@@ -54,9 +54,8 @@ cdef c_map[CAscendString, CAscendString] _options(object options) except *:
 
 
 cdef CLlmRole _role(object role) except *:
-    if isinstance(role, bool) or not isinstance(role, int):
-        raise TypeError(f"role must be an LlmRole, got {type(role).__name__}")
-    cdef int r = role
+    # kEnd (4) is declared by the C++ enum: it passes, and Initialize / SetRole reject it.
+    cdef int32_t r = _enum_arg("role", role, LlmRole, (_ROLE_KEND,))
     return <CLlmRole>r
 
 
@@ -253,6 +252,8 @@ cdef class LlmDataDist:
         return self._add_cache(desc, addrs, CCacheKind.kMix, -1, keep)
 
     def _add_cache(self, CacheDesc desc, addrs, int kind, int64_t key, keepalive):
+        if not <int>CCacheKind.kMix <= kind <= <int>CCacheKind.kCache:
+            raise ValueError(f"kind={kind} is not a cache kind; valid values: 0 (mix), 1 (blocks), 2 (cache)")
         cdef CCacheDesc cd
         desc._to_c(cd)
         cdef vector[uint64_t] a
@@ -550,7 +551,7 @@ cdef int _fill_src_cache(object cache, CCache& c) except -1:
     if isinstance(cache, Cache):
         d = (<Cache>cache).cache_desc
         c.cache_desc.num_tensors = (<CacheDesc>d).num_tensors
-        c.cache_desc.placement = <CCachePlacement>(<int>(<CacheDesc>d).placement)
+        c.cache_desc.placement = <CCachePlacement>(<int>(<CacheDesc>d)._placement)  # checked when set
     return 0
 
 

@@ -2,6 +2,7 @@
 # Value types of the Python API: enums, CacheDesc, CacheIndex, KvCacheExtParam, IpInfo,
 # ClusterInfo and Cache (with zero-copy tensor views).
 import enum as _enum
+import operator as _operator
 
 OPTION_LISTEN_IP_INFO = "llm.ListenIpInfo"
 OPTION_DEVICE_ID = "llm.DeviceId"
@@ -74,6 +75,57 @@ class DataType(_enum.IntEnum):
     DT_FLOAT4_E1M2 = 41
 
 
+# Values the C++ enums declare beyond the Python ones (LlmRole::kEnd; ge::DT_HIFLOAT4 and the DT_MAX
+# sentinel): they pass the Python boundary like any declared value, and the runtime decides, as in
+# CANN's C++ API (kEnd and DT_MAX: LLM_PARAM_INVALID).
+_ROLE_KEND = 4
+_DT_CPP_ONLY = (42, 43)
+
+
+def _valid_values(cls):
+    """``cls``'s values for a message: each named when few, else as ranges ("0-4, 6-42")."""
+    members = sorted(cls, key=int)
+    if len(members) <= 4:
+        return ", ".join(f"{m.name} ({int(m)})" for m in members)
+    vals = [int(m) for m in members]
+    runs = []
+    start = prev = vals[0]
+    for v in vals[1:] + [None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return f"{', '.join(runs)} ({cls.__name__} members)"
+
+
+def _article(word):
+    return ("an " if word[0] in "AEILMNORSX" else "a ") + word  # "an LlmRole", "a DataType"
+
+
+def _enum_arg(name, value, cls, extra=()):
+    """``value`` (a ``cls`` member or an integer equal to one, or one of ``extra``) as a ``cls``
+    member (an int for ``extra``). Every int that becomes a C++ enum passes here first: a value the
+    C++ enum does not declare would be undefined behaviour there.
+
+    TypeError for a non-integer (bool included), ValueError naming ``name`` and the valid values."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be {_article(cls.__name__)}, got bool")
+    try:
+        v = _operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be {_article(cls.__name__)}, got {type(value).__name__}") from None
+    if v in extra:
+        return v
+    try:
+        return cls(v)
+    except ValueError:
+        raise ValueError(f"{name}={v} is not a valid {cls.__name__}; valid values: {_valid_values(cls)}") from None
+
+
 # numpy dtype names for DataType members numpy can represent; others are viewed as raw bytes.
 _NUMPY_DTYPES = {0: "float32", 1: "float16", 2: "int8", 3: "int32", 4: "uint8", 6: "int16", 7: "uint16",
                  8: "uint32", 9: "int64", 10: "uint64", 11: "float64", 12: "bool", 16: "complex64",
@@ -96,9 +148,9 @@ cdef class CacheDesc:
         ``shape`` is not a sequence of ints.
     """
     cdef public uint32_t num_tensors
-    cdef public object data_type
+    cdef object _data_type
     cdef public tuple shape
-    cdef public object placement
+    cdef object _placement
 
     def __init__(self, num_tensors=0, data_type=DataType.DT_UNDEFINED, shape=(),
                  placement=CachePlacement.DEVICE):
@@ -109,10 +161,29 @@ cdef class CacheDesc:
         self.shape = tuple(shape)
         self.placement = placement
 
+    @property
+    def data_type(self):
+        """A :class:`DataType`; setting a value it does not have raises ValueError."""
+        return self._data_type
+
+    @data_type.setter
+    def data_type(self, v):
+        self._data_type = _enum_arg("data_type", v, DataType, _DT_CPP_ONLY)
+
+    @property
+    def placement(self):
+        """A :class:`CachePlacement`; setting a value it does not have raises ValueError."""
+        return self._placement
+
+    @placement.setter
+    def placement(self, v):
+        self._placement = _enum_arg("placement", v, CachePlacement)
+
     cdef int _to_c(self, CCacheDesc& out) except -1:
+        # data_type and placement were checked when set (_enum_arg): the casts below are defined.
         out.num_tensors = self.num_tensors
-        out.data_type = <CDataType>(<int>self.data_type)
-        out.placement = <CCachePlacement>(<int>self.placement)
+        out.data_type = <CDataType>(<int>self._data_type)
+        out.placement = <CCachePlacement>(<int>self._placement)
         out.shape.clear()
         for d in self.shape:
             out.shape.push_back(d)
@@ -122,7 +193,7 @@ cdef class CacheDesc:
     def tensor_bytes(self):
         """Bytes of one tensor, or -1 when the shape or type has no size."""
         cdef vector[int64_t] s = self.shape
-        return TensorBytes(<int>self.data_type, s.data(), s.size())
+        return TensorBytes(<int>self._data_type, s.data(), s.size())
 
     @property
     def num_blocks(self):

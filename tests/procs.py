@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Helpers for tests with real second processes: tests/peer.py driven over stdin/stdout (Peer), and
 process pairs run side by side (run_together). Both fail as soon as a process they wait for dies."""
+import glob
 import json
 import os
 import select
@@ -180,3 +181,22 @@ def read_process_memory(pid: int, addr: int, n: int) -> bytes:
     with open(f"/proc/{pid}/mem", "rb", buffering=0) as f:
         f.seek(addr)
         return f.read(n)
+
+
+def wait_stopped(pid, timeout_s=10.0):
+    """Returns once every thread of ``pid`` is stopped (state T in /proc/<pid>/task/*/stat):
+    SIGSTOP is asynchronous, and a thread still running could finish the transfer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = []
+        for stat in glob.glob(f"/proc/{pid}/task/*/stat"):
+            try:
+                with open(stat) as f:
+                    text = f.read()
+            except OSError:
+                continue  # a thread that ended
+            states.append(text[text.rindex(")") + 2])  # the field after "(comm)"
+        if states and all(st in "Tt" for st in states):
+            return
+        assert time.monotonic() < deadline, f"peer {pid} not stopped after {timeout_s} s: states {states}"
+        time.sleep(0.001)

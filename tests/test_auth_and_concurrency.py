@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Authenticated links (HMAC challenge-response) and concurrent transfers across processes."""
 import os
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import pytest
 import kvblocks as kb
 from conftest import cluster, free_port
 from peer import pattern
-from procs import Peer
+from procs import Peer, wait_stopped
 
 
 def _decoder(cluster_id=2, **opts):
@@ -147,35 +149,76 @@ def test_three_decoders_pull_from_one_prompt(transport):
         peer.close()
 
 
+def _channels_at_least(dd, cluster_id, n, timeout_s=10.0):
+    """The link's channel count once it reaches ``n`` (it grows as connections are taken in)."""
+    deadline = time.monotonic() + timeout_s
+    while dd._link_channels(cluster_id) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    got = dd._link_channels(cluster_id)
+    assert got >= n, f"{got} channels after {timeout_s} s, expected at least {n}"
+    return got
+
+
 def test_concurrent_pushes_from_the_listener_side_open_reverse_channels():
-    """The acceptor side can only use channels the opener made; it asks for more when busy."""
+    """The acceptor side can only use channels the opener made; it asks for more when busy.
+
+    "Busy" is made certain: the opener is frozen while four pushes start, so all four wait for a
+    channel at once. (Linking leaves 3 channels; pushes left to run freely may go one after another
+    under load, and the one reverse channel made at link time serves them all: that made this test
+    fail once with ``3 > 3``.)"""
     port = free_port()
     me = kb.LlmDataDist(1, kb.LlmRole.MIX)
     me.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_LISTEN_IP_INFO: f"127.0.0.1:{port}",
-                   kb.OPTION_TRANSPORT: "tcp"})
+                   kb.OPTION_TRANSPORT: "tcp", kb.OPTION_SYNC_CACHE_WAIT_TIME: "10000"})
     peer = Peer(2, transport="tcp", tensors=4, blocks=64, block_bytes=4096)
     try:
         src = me.allocate_cache(kb.CacheDesc(4, kb.DataType.DT_UINT8, [64, 4096]))
         for t in range(4):
             src.numpy(t)[:] = pattern(9, t, 64, 4096)
         assert peer.call(op="link", cluster=1, ip="127.0.0.1", port=port)["rets"] == [0]
+        # Control, the opener's data channel and one reverse channel, once the acceptor has taken
+        # them in (link() returns on the opener's side before that).
+        base = _channels_at_least(me, 2, 3)
         errors = []
 
-        def work(i):
+        started = []
+
+        def work(i, rounds):
+            started.append(i)
             try:
-                for _ in range(10):
+                for _ in range(rounds):
                     blocks = list(range(i * 16, i * 16 + 16))
                     me.push_kv_blocks(src, kb.CacheIndex(2, peer.info["alloc"]), blocks, blocks)
             except Exception as e:  # noqa: BLE001
                 errors.append(e)
 
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
+        def run_all(rounds):
+            threads = [threading.Thread(target=work, args=(i, rounds)) for i in range(4)]
+            for t in threads:
+                t.start()
+            return threads
+
+        os.kill(peer.info["pid"], signal.SIGSTOP)
+        try:
+            wait_stopped(peer.info["pid"])
+            threads = run_all(1)
+            deadline = time.monotonic() + 30
+            while len(started) < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.5)  # from started to waiting in the runtime takes microseconds
+        finally:
+            os.kill(peer.info["pid"], signal.SIGCONT)
         for t in threads:
             t.join(60)
         assert not errors, errors
-        assert me._link_channels(2) > 3  # control + the reverse channels the pushes asked for
+        # At most one push found an idle channel; each of the others asked for one of its own. The
+        # channels come in asynchronously (the last may arrive after every push is done), and never
+        # more than kMaxRequesterChannels = 8 reverse channels.
+        n = _channels_at_least(me, 2, base + 3)
+        assert n <= base + 8, (base, n)
+        for t in run_all(10):
+            t.join(60)
+        assert not errors, errors
         for t in range(4):
             assert np.array_equal(peer.read("alloc", t).reshape(64, 4096), pattern(9, t, 64, 4096))
     finally:

@@ -13,9 +13,9 @@ import pytest
 import kvblocks as kb
 from conftest import cluster, free_port
 from peer import pattern
-from procs import Peer, PeerError, read_process_memory
+from procs import Peer, PeerError, read_process_memory, wait_stopped
 
-# 32 tensors x 64 blocks x 64 KiB = 128 MiB per call: long enough to freeze mid-stream.
+# 32 tensors x 64 blocks x 64 KiB = 128 MiB per call: far more than the socket buffers hold.
 TENSORS, BLOCKS, BB = 32, 64, 64 * 1024
 WAIT_MS = 400
 MARGIN_S = 0.1
@@ -77,22 +77,29 @@ def frozen_setup():
     peer.close()
 
 
-def _freeze_mid_transfer(peer, call):
-    th, out = _start(call)
-    time.sleep(0.003)
+def _call_frozen_peer(peer, call):
+    """Runs ``call`` against the peer once it is surely frozen. Freezing it mid-transfer instead raced
+    with the transfer, which under load could finish first (LLM_SUCCESS); this way the call always
+    waits out its deadline, and after SIGCONT the peer serves (or reads) the request late: nothing of
+    it may land once the call has returned."""
     os.kill(peer.info["pid"], signal.SIGSTOP)
+    wait_stopped(peer.info["pid"])
+    th, out = _start(call)
     th.join(5)
+    assert not th.is_alive(), "the call did not return within 5 s"
     return out
 
 
 def test_pull_from_frozen_peer_times_out_and_destination_stays_put(frozen_setup):
     peer, me, cache, port = frozen_setup
     blocks = list(range(BLOCKS))
-    out = _freeze_mid_transfer(peer, lambda: me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, blocks,
-                                                               blocks))
+    untouched = _digest(cache)
+    out = _call_frozen_peer(peer, lambda: me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, blocks,
+                                                            blocks))
     assert out["status"] == kb.Status.LLM_TIMEOUT
     assert out["elapsed"] <= WAIT_MS / 1000 + MARGIN_S
     before = _digest(cache)
+    assert before == untouched  # the peer never answered: no byte came
     os.kill(peer.info["pid"], signal.SIGCONT)
     time.sleep(1.0)
     assert _digest(cache) == before
@@ -111,8 +118,8 @@ def test_push_to_frozen_peer_times_out_and_remote_stays_put(frozen_setup):
     for t in range(TENSORS):
         cache.numpy(t)[:] = 0xAB
     blocks = list(range(BLOCKS))
-    out = _freeze_mid_transfer(peer, lambda: me.push_kv_blocks(cache, kb.CacheIndex(1, peer.info["alloc"]), blocks,
-                                                               blocks))
+    out = _call_frozen_peer(peer, lambda: me.push_kv_blocks(cache, kb.CacheIndex(1, peer.info["alloc"]), blocks,
+                                                            blocks))
     assert out["status"] == kb.Status.LLM_TIMEOUT
     assert out["elapsed"] <= WAIT_MS / 1000 + MARGIN_S
     before = _remote_digest(peer, "alloc")  # read while the peer is still stopped

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Clocks, logging, option parsing, randomness.
 #include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -92,11 +94,15 @@ void RandomBytes(void *out, size_t n) {
   uint8_t *p = static_cast<uint8_t *>(out);
   while (n > 0) {
     const ssize_t got = getrandom(p, n, 0);
+    if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
-      // getrandom only fails before the pool is seeded or on EINTR; /dev/urandom is the fallback.
+      // getrandom fails without a seeded pool or where the syscall is missing: /dev/urandom then.
       const int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
       if (fd >= 0) {
-        const ssize_t r = read(fd, p, n);
+        ssize_t r;
+        do {
+          r = read(fd, p, n);
+        } while (r < 0 && errno == EINTR);
         close(fd);
         if (r > 0) {
           p += r;
@@ -111,5 +117,13 @@ void RandomBytes(void *out, size_t n) {
   }
 }
 
+AsyncSignalsBlocked::AsyncSignalsBlocked() {
+  sigset_t all;
+  sigfillset(&all);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS}) sigdelset(&all, sig);
+  pthread_sigmask(SIG_BLOCK, &all, &old_);
+}
+
+AsyncSignalsBlocked::~AsyncSignalsBlocked() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
 
 }  // namespace kvblocks

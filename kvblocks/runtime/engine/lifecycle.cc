@@ -2,6 +2,7 @@
 // Impl lifecycle: Initialize / Finalize / SetRole, the listener and the worker threads.
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -16,6 +17,9 @@
 namespace kvblocks {
 
 namespace {
+// Every runtime thread's name (/proc/<pid>/task/<tid>/comm; at most 15 characters).
+constexpr char kThreadName[] = "kvblocks-rt";
+
 const char *RoleName(LlmRole r) {
   switch (r) {
     case LlmRole::kPrompt:
@@ -239,7 +243,11 @@ bool Impl::Spawn(std::function<void()> fn) {
   workers_.emplace_back();
   Worker *w = &workers_.back();
   try {
+    // The thread starts with every asynchronous signal blocked (see AsyncSignalsBlocked); the
+    // caller's own mask is back when this scope ends.
+    AsyncSignalsBlocked quiet;
     w->thread = std::thread([w, fn = std::move(fn)] {
+      pthread_setname_np(pthread_self(), kThreadName);
       // A runtime thread must never take the process down (e.g. bad_alloc on a peer's request).
       try {
         fn();

@@ -199,7 +199,8 @@ int ConnectTcp(const std::string &ip, uint16_t port, int64_t deadline, Status *s
     return -1;
   }
   int rc = connect(fd, reinterpret_cast<sockaddr *>(&ss), len);
-  if (rc != 0 && errno == EINPROGRESS) {
+  // EINTR: the connection goes on in the background, as EINPROGRESS (connect(2)).
+  if (rc != 0 && (errno == EINPROGRESS || errno == EINTR)) {
     const IoResult w = WaitFd(fd, POLLOUT, deadline);
     if (w != IoResult::kOk) {
       close(fd);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/limits.h"
+#include "common/util.h"
 #include "llm_datadist/llm_datadist.h"
 #include "plan/plan.h"
 
@@ -27,6 +28,7 @@ llm_datadist::Status RunSplit(const Plan &plan, Fn &&fn) {
   threads.reserve(parts - 1);
   size_t k = 1;
   try {
+    AsyncSignalsBlocked quiet;  // the helpers start with signals blocked, as every runtime thread
     for (; k < parts; ++k) threads.emplace_back([&, k] { st[k] = fn(n * k / parts, n * (k + 1) / parts); });
   } catch (const std::system_error &) {
     // No thread to be had: the caller's thread copies what is left.
