@@ -112,6 +112,10 @@ class SideChannelServer:
     def close(self) -> None:
         self._closed = True
         try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not on Linux)
+        except OSError:
+            pass
+        try:
             self._sock.close()
         except OSError:
             pass

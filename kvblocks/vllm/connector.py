@@ -99,7 +99,7 @@ class _Options:
     link_timeout_ms: int
     abort_timeout_s: float
     pull_threads: int
-    test_reverse_blocks: bool
+    test_reverse_blocks: str  # "off", "all", "per_request"
 
     @classmethod
     def parse(cls, extra: Dict[str, Any]) -> "_Options":
@@ -129,8 +129,17 @@ class _Options:
             link_timeout_ms=int(extra.get("link_timeout_ms", 3000)),
             abort_timeout_s=float(extra.get("abort_timeout_s", 120)),
             pull_threads=max(1, int(extra.get("pull_threads", 2))),
-            test_reverse_blocks=bool(extra.get("_test_reverse_blocks", False)),
+            test_reverse_blocks=_reverse_mode(extra.get("_test_reverse_blocks", False)),
         )
+
+
+def _reverse_mode(v: Any) -> str:
+    """Tests only: ``_test_reverse_blocks`` true pulls every request's blocks in reverse order (a wrong
+    mapping the output must show); ``"per_request"`` only for requests whose kv_transfer_params say
+    ``"_test_reverse_blocks": true``."""
+    if v == "per_request":
+        return v
+    return "all" if v in (True, "true", "1", 1) else "off"
 
 
 def layout_of(kv_cache_config: "KVCacheConfig") -> Dict[str, Any]:
@@ -604,7 +613,8 @@ class _WorkerSide:
                 if len(src) != len(dst):
                     raise ValueError(f"KvblocksConnector: request {job.req_id}: {len(src)} remote blocks for "
                                      f"{len(dst)} local ones")
-                if self.c._opts.test_reverse_blocks:
+                mode = self.c._opts.test_reverse_blocks
+                if mode == "all" or (mode == "per_request" and job.params.get("_test_reverse_blocks")):
                     dst = dst[::-1]  # tests only: a deliberately wrong mapping
                 self._ensure_linked(p, info)
                 if src:
