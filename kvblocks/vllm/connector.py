@@ -57,6 +57,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 from vllm.logger import init_logger
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvblocks as kb
 from kvblocks.vllm._sidechannel import SideChannelClient, SideChannelServer
@@ -202,6 +203,8 @@ class KvblocksConnector(KVConnectorBase_V1):
     kv_connector_extra_config={...})``; see the module docstring for the options.
     """
 
+    _cache_hit_source = CacheHitSource.P2P  # loaded tokens come from a peer instance
+
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                  kv_cache_config: Optional["KVCacheConfig"] = None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -303,6 +306,16 @@ class KvblocksConnector(KVConnectorBase_V1):
         decode needs. Decode side: a request aborted before its pull was scheduled notifies the prefill
         so it frees its blocks early."""
         return self._sched.request_finished(request, block_ids)
+
+    def get_loaded_kv_cache_group_ids(self, request: "Request") -> Tuple[int, ...]:
+        """The KV cache groups a load restores: all transfer groups (the pull moves the request's own
+        blocks, not a hash-addressed store), so vLLM does not zero the blocks being filled."""
+        return tuple(self._kv_cache_config.transfer_group_ids)
+
+    def has_pending_block_frees(self) -> bool:
+        """False: blocks kept for a decode are freed by its "done" or by the lease (up to
+        ``abort_timeout_s``), too late to wait for instead of preempting."""
+        return False
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> Optional[str]:

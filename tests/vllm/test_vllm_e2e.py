@@ -152,14 +152,15 @@ def test_handoff_time_kvblocks(kvb_pair, workdir):
 
 @pytest.fixture(scope="module")
 def kvb_tcp(kvb_pair, workdir):
-    """The same prefill with a new decode that streams over TCP (transport=tcp): unlike same-host memory
-    access (cma), a TCP pull needs the prefill to serve it, so a frozen prefill makes it time out."""
+    """The same prefill with a new decode that streams over TCP (transport=tcp), prefix caching off:
+    unlike same-host memory access (cma), a TCP pull needs the prefill to serve it, so a frozen prefill
+    makes it time out."""
     p, d = kvb_pair
     d.close()  # one engine pair at a time
     d = Engine("kvb-decode-tcp", str(workdir / "model"),
                kvblocks_config("kv_consumer", pull_timeout_ms=PULL_TIMEOUT_MS, link_timeout_ms=PULL_TIMEOUT_MS,
                                transport="tcp"), 1, {"KVB_TIMING_FILE": str(workdir / "kvb_tcp_recv.jsonl")},
-               str(workdir))
+               str(workdir), prefix_caching=False)  # and the path without local prefix hits
     try:
         d.wait_ready()
         yield p, d
