@@ -26,7 +26,10 @@ def test_import_kvblocks_leaves_vllm_and_torch_out():
 
 
 def test_connector_class_loads_on_access():
-    pytest.importorskip("vllm")
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - not installed or broken
+        pytest.skip(f"vLLM is not importable: {e}")
     code = ("import kvblocks.vllm as m; from vllm.distributed.kv_transfer.kv_connector.v1.base import "
             "KVConnectorBase_V1 as B; print(issubclass(m.KvblocksConnector, B))")
     assert _run(code).splitlines()[-1] == "True"
