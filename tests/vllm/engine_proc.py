@@ -1,0 +1,71 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One vLLM engine in its own process, driven by JSON lines on stdin (used by the vLLM end-to-end tests).
+
+Usage: ``python engine_proc.py MODEL_DIR CONFIG_JSON``. CONFIG_JSON holds ``kv_transfer`` (a
+``KVTransferConfig`` as a dict, or null for a plain engine). Commands, one JSON object per line:
+
+* ``{"op": "generate", "prompts": [[ids...], ...], "max_tokens": n, "params": [dict|null, ...]}``
+  answers ``{"tokens": [[ids...], ...], "kv_transfer_params": [...], "seconds": s}``;
+* ``{"op": "quit"}`` exits.
+
+The first line written is ``{"ready": true}`` once the engine is up. Anything else vLLM prints goes to
+stderr, so stdout carries only answers.
+"""
+import json
+import os
+import sys
+import time
+
+
+def make_model(path: str) -> None:
+    """Write a tiny random Llama checkpoint (safetensors, < 1 MB) whose KV really matters."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=32, num_hidden_layers=2, vocab_size=512, max_position_embeddings=1024,
+                      initializer_range=0.5, tie_word_embeddings=False, torch_dtype="bfloat16")
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(path, safe_serialization=True)
+
+
+def main() -> None:
+    model_dir, cfg_json = sys.argv[1], sys.argv[2]
+    cfg = json.loads(cfg_json)
+    real_stdout = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # vLLM's prints go to stderr
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+
+    kw = {}
+    if cfg.get("kv_transfer"):
+        kw["kv_transfer_config"] = KVTransferConfig(**cfg["kv_transfer"])
+    llm = LLM(model=model_dir, skip_tokenizer_init=True, block_size=32, enforce_eager=True,
+              kv_cache_memory_bytes=64 << 20, max_model_len=1024, max_num_seqs=8, seed=0,
+              enable_prefix_caching=cfg.get("prefix_caching", False), **kw)
+    real_stdout.write(json.dumps({"ready": True}) + "\n")
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "quit":
+            break
+        prompts = [{"prompt_token_ids": p} for p in cmd["prompts"]]
+        params = cmd.get("params") or [None] * len(prompts)
+        sps = [SamplingParams(temperature=0.0, max_tokens=cmd["max_tokens"], ignore_eos=True,
+                              detokenize=False, extra_args={"kv_transfer_params": p} if p else None)
+               for p in params]
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, sps, use_tqdm=False)
+        took = time.perf_counter() - t0
+        real_stdout.write(json.dumps({
+            "tokens": [list(o.outputs[0].token_ids) for o in outs],
+            "kv_transfer_params": [o.kv_transfer_params for o in outs],
+            "seconds": took,
+        }) + "\n")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--make-model":
+        make_model(sys.argv[2])
+    else:
+        main()

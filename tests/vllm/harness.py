@@ -1,0 +1,145 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Start vLLM engines in their own processes (``engine_proc.py``) and talk to them (vLLM tests, bench)."""
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENGINE = os.path.join(HERE, "engine_proc.py")
+
+
+def free_port(span: int = 1) -> int:
+    """A free loopback port p such that p..p+span-1 were free when checked."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p + span > 65535:
+            continue
+        ok = True
+        for q in range(p + 1, p + span):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", q))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return p
+    raise RuntimeError("no free port range")
+
+
+def make_model(path: str) -> str:
+    subprocess.run([sys.executable, ENGINE, "--make-model", path], check=True, capture_output=True, timeout=300)
+    return path
+
+
+class Engine:
+    """One engine process (its own session, so it can be frozen or killed with all its children)."""
+
+    def __init__(self, name: str, model_dir: str, kv_transfer: Optional[Dict[str, Any]], cpu: int,
+                 env: Optional[Dict[str, str]] = None, log_dir: Optional[str] = None, prefix_caching: bool = True):
+        self.name = name
+        e = dict(os.environ)
+        e.update({"VLLM_CPU_OMP_THREADS_BIND": str(cpu), "PYTHONPATH": HERE + os.pathsep + e.get("PYTHONPATH", ""),
+                  "VLLM_LOGGING_LEVEL": e.get("VLLM_LOGGING_LEVEL", "INFO"), "TOKENIZERS_PARALLELISM": "false"})
+        e.update(env or {})
+        self.log_path = os.path.join(log_dir or "/tmp", f"vllm-{name}-{os.getpid()}.log")
+        self._log = open(self.log_path, "w")
+        cfg = {"kv_transfer": kv_transfer, "prefix_caching": prefix_caching}
+        self.proc = subprocess.Popen([sys.executable, ENGINE, model_dir, json.dumps(cfg)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._log, env=e, text=True, bufsize=1,
+                                     start_new_session=True)
+        self._ready = False
+
+    def _readline(self, timeout: float) -> Dict[str, Any]:
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            raise TimeoutError(f"{self.name}: no answer within {timeout:.0f} s; log {self.log_path}:\n{self.tail()}")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name} exited ({self.proc.poll()}); log {self.log_path}:\n{self.tail()}")
+        return json.loads(line)
+
+    def wait_ready(self, timeout: float = 300) -> "Engine":
+        if not self._ready:
+            assert self._readline(timeout).get("ready")
+            self._ready = True
+        return self
+
+    def generate(self, prompts: List[List[int]], max_tokens: int, params: Optional[List[Any]] = None,
+                 timeout: float = 120) -> Dict[str, Any]:
+        self.wait_ready()
+        self.proc.stdin.write(json.dumps({"op": "generate", "prompts": prompts, "max_tokens": max_tokens,
+                                          "params": params}) + "\n")
+        self.proc.stdin.flush()
+        return self._readline(timeout)
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            with open(self.log_path) as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def signal(self, sig: int) -> None:
+        os.killpg(self.proc.pid, sig)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(30)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                pass
+        if self.proc.poll() is None or True:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # also any orphaned engine-core/worker children
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        self._log.close()
+
+
+def kvblocks_config(role: str, port: int = 0, **extra: Any) -> Dict[str, Any]:
+    cfg: Dict[str, Any] = {"kv_connector": "TimedKvblocksConnector", "kv_connector_module_path": "timed_connectors",
+                           "kv_role": role, "kv_connector_extra_config": dict(extra)}
+    if role == "kv_producer":
+        cfg["kv_connector_extra_config"]["listen"] = f"127.0.0.1:{port}"
+    else:
+        cfg["kv_load_failure_policy"] = "recompute"
+    return cfg
+
+
+def nixl_config(role: str) -> Dict[str, Any]:
+    cfg: Dict[str, Any] = {"kv_connector": "TimedNixlConnector", "kv_connector_module_path": "timed_connectors",
+                           "kv_role": role, "kv_buffer_device": "cpu"}
+    if role != "kv_producer":
+        cfg["kv_load_failure_policy"] = "recompute"
+    return cfg
+
+
+def median(xs: List[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def wait_until(pred, timeout: float, step: float = 0.05) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()

