@@ -71,7 +71,10 @@ class BuildExt(build_ext):
         # Objects and libraries left in build/ by a build with other flags (a sanitizer build, say)
         # look up to date to distutils: recompile and relink everything when the flags changed.
         stamp = os.path.join(self.build_temp, "kvblocks-flags")
-        flags = " ".join([CANN_HOME or "-", str(DEBUG)] + CXXFLAGS + OPT + DEBUG_CFLAGS + DEBUG_LDFLAGS)
+        # Headers count too: distutils only compares a source with its object, so a changed header
+        # would otherwise leave stale objects (and mismatched struct layouts) behind.
+        flags = " ".join([CANN_HOME or "-", str(DEBUG), headers_digest()] + CXXFLAGS + OPT + DEBUG_CFLAGS +
+                         DEBUG_LDFLAGS)
         try:
             with open(stamp) as f:
                 same = f.read() == flags
@@ -127,6 +130,21 @@ class BuildExt(build_ext):
         if not CANN_HOME:
             ext.library_dirs.append(self._rt_dir)
         super().build_extension(ext)
+
+
+def headers_digest():
+    """SHA-256 over every header and Cython declaration the builds include."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for top in ("include", RUNTIME_DIR, "kvblocks"):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(HERE, top)):
+            dirnames.sort()
+            for f in sorted(filenames):
+                if f.endswith((".h", ".pxd", ".pxi")):
+                    with open(os.path.join(dirpath, f), "rb") as fh:
+                        h.update(f.encode() + fh.read())
+    return h.hexdigest()
 
 
 def runtime_sources():
