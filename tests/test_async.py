@@ -14,7 +14,7 @@ import pytest
 import kvblocks as kb
 from conftest import cluster, free_port
 from peer import pattern
-from procs import Peer, read_process_memory
+from procs import Peer, read_process_memory, wait_stopped
 
 TENSORS, BLOCKS, BB = 4, 64, 64
 WAIT_MS = 400
@@ -33,18 +33,7 @@ def _engine(cluster_id, transport="auto", wait_ms=1000, listen_port=None):
 def _stop(pid):
     """SIGSTOP, then returns once every thread of ``pid`` is stopped (delivery is asynchronous)."""
     os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        states = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    states.append(f.read().rsplit(")", 1)[1].split()[0])
-            except FileNotFoundError:
-                pass
-        if states and all(s in "tT" for s in states):
-            return
-        time.sleep(0.005)
+    wait_stopped(pid, 5.0)
 
 
 # ----------------------------------------------------------------------------- in-process

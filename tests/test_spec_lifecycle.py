@@ -14,7 +14,7 @@ import kvblocks as kb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import cluster, free_port  # noqa: E402
-from procs import Peer  # noqa: E402
+from procs import Peer, wait_stopped  # noqa: E402
 from test_spec_pull import NT, SHAPE, Spec, make_arrays, register  # noqa: E402
 
 S = kb.Status
@@ -68,19 +68,7 @@ def test_case7_bad_sync_wait_time(dd, value):
 
 def _wait_stopped(pid, timeout=5.0):
     """Returns once every thread of ``pid`` is stopped (SIGSTOP is delivered asynchronously)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    states.append(f.read().rsplit(")", 1)[1].split()[0])
-            except FileNotFoundError:
-                continue
-        if states and all(st in "tT" for st in states):
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"process {pid} did not stop")
+    wait_stopped(pid, timeout)
 
 
 def _timed_pull_from_frozen_peer(peer, port, my_cluster, wait_ms):
