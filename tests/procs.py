@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -181,6 +182,17 @@ def read_process_memory(pid: int, addr: int, n: int) -> bytes:
     with open(f"/proc/{pid}/mem", "rb", buffering=0) as f:
         f.seek(addr)
         return f.read(n)
+
+
+def release(peer, engine):
+    """Fixture teardown after freezing tests: resumes the peer if it still exists, then finalizes
+    our engine and closes the peer."""
+    try:
+        os.kill(peer.info["pid"], signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+    engine.finalize()
+    peer.close()
 
 
 def wait_stopped(pid, timeout_s=10.0):

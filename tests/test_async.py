@@ -14,7 +14,7 @@ import pytest
 import kvblocks as kb
 from conftest import cluster, free_port
 from peer import pattern
-from procs import Peer, read_process_memory, wait_stopped
+from procs import Peer, read_process_memory, release, wait_stopped
 
 TENSORS, BLOCKS, BB = 4, 64, 64
 WAIT_MS = 400
@@ -190,12 +190,7 @@ def linked(request):
     assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
     assert me.link_path(1) == ("tcp" if transport == "tcp" else "shm+cma")
     yield transport, peer, me, caches, port
-    try:
-        os.kill(peer.info["pid"], signal.SIGCONT)
-    except ProcessLookupError:
-        pass
-    me.finalize()
-    peer.close()
+    release(peer, me)
 
 
 @pytest.mark.parametrize("remote", ["alloc", "reg"])

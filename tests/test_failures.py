@@ -13,7 +13,7 @@ import pytest
 import kvblocks as kb
 from conftest import cluster, free_port
 from peer import pattern
-from procs import Peer, PeerError, read_process_memory, wait_stopped
+from procs import Peer, PeerError, read_process_memory, release, wait_stopped
 
 # 32 tensors x 64 blocks x 64 KiB = 128 MiB per call: far more than the socket buffers hold.
 TENSORS, BLOCKS, BB = 32, 64, 64 * 1024
@@ -69,12 +69,7 @@ def frozen_setup():
     me, cache = _local()
     assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
     yield peer, me, cache, port
-    try:
-        os.kill(peer.info["pid"], signal.SIGCONT)
-    except ProcessLookupError:
-        pass
-    me.finalize()
-    peer.close()
+    release(peer, me)
 
 
 def _call_frozen_peer(peer, call):

@@ -88,6 +88,11 @@ def kvb_pair(workdir, reference):
     d = Engine("kvb-decode", str(workdir / "model"),
                kvblocks_config("kv_consumer", pull_timeout_ms=PULL_TIMEOUT_MS, link_timeout_ms=PULL_TIMEOUT_MS,
                                _test_reverse_blocks="per_request"), 1, env_d, str(workdir))
+    yield from serve_pair(p, d)
+
+
+def serve_pair(p, d):
+    """Yields the started pair (a fixture body); closes both engines afterwards, decode first."""
     try:
         p.wait_ready()
         d.wait_ready()
@@ -230,13 +235,7 @@ def nixl_pair(workdir, reference):
     d = Engine("nixl-decode", str(workdir / "model"), nixl_config("kv_consumer"), 1,
                dict(ucx, VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()),
                     KVB_TIMING_FILE=str(workdir / "nixl_recv.jsonl")), str(workdir))
-    try:
-        p.wait_ready()
-        d.wait_ready()
-        yield p, d
-    finally:
-        d.close()
-        p.close()
+    yield from serve_pair(p, d)
 
 
 def test_nixl_reference_same_tokens_and_time(nixl_pair, reference, workdir):
