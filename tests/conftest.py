@@ -1,18 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Shared fixtures: real LlmDataDist pairs linked over loopback TCP."""
 import gc
-import socket
 
 import pytest
 
 import kvblocks as kb
-
-
-def free_port() -> int:
-    """A currently free loopback TCP port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import free_port  # noqa: F401  (tests import it from here)
 
 
 def cluster(remote_id: int, port: int, ip: str = "127.0.0.1") -> kb.ClusterInfo:

@@ -6,7 +6,6 @@ kvblocks.LlmDataDist in the same process, linked over loopback.
 """
 import gc
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -20,16 +19,12 @@ from kvblocks.llm_datadist import (BlocksCacheKey, Cache, CacheDesc, CacheKey, C
                                    Placement)
 
 np = pytest.importorskip("numpy")
+from ports import free_port  # noqa: E402
 
 P_ID, D_ID = 1, 2
 SHAPE = [4, 16]
 PI = LLMStatusCode.LLM_PARAM_INVALID
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pattern(owner, t, shape=SHAPE):

@@ -2,7 +2,6 @@
 """CANN-style two-process sample programs, run unchanged through ``python -m kvblocks.compat``."""
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -13,15 +12,11 @@ import kvblocks
 from procs import run_together
 
 np = pytest.importorskip("numpy")
+from ports import free_port  # noqa: E402
 
 SAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compat_samples")
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kvblocks.__file__)))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env():

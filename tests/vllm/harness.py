@@ -4,35 +4,15 @@ import json
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from ports import free_port  # noqa: E402,F401  (tests import it from here)
 ENGINE = os.path.join(HERE, "engine_proc.py")
-
-
-def free_port(span: int = 1) -> int:
-    """A free loopback port p such that p..p+span-1 were free when checked."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        if p + span > 65535:
-            continue
-        ok = True
-        for q in range(p + 1, p + span):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", q))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return p
-    raise RuntimeError("no free port range")
 
 
 def make_model(path: str) -> str:
