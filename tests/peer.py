@@ -91,6 +91,10 @@ def main() -> int:
             elif op == "unregister":
                 dd.unregister_kv_cache(caches.pop(cmd["cache"]))
                 reply({"ok": True})
+            elif op == "fill":  # back to this peer's own pattern
+                for t in range(args.tensors):
+                    caches[cmd["which"]].numpy(t)[:] = pattern(args.cluster, t, args.blocks, args.block_bytes)
+                reply({"ok": True})
             elif op == "read":
                 reply({"hex": bytes(caches[cmd["cache"]].tensor(cmd["tensor"])).hex()})
             else:

@@ -44,11 +44,11 @@ constexpr int64_t kMaxServeNs = 600 * kSecNs; // no request holds a serving thre
 // ---- copies
 // Large one-sided copies are split over a few threads: one core cannot saturate memory bandwidth
 // with 64 KiB copies on this kind of machine. Small ones stay on the caller's thread.
-constexpr uint64_t kParallelBytes = 8ULL << 20;
+constexpr uint64_t kParallelBytes = 2ULL << 20;
 // One-sided copies look at the clock after every this many bytes (about 0.1-0.3 ms of memcpy), so a
 // deadline is kept to within one chunk however the plan is shaped.
 constexpr uint64_t kDeadlineCheckBytes = 1ULL << 20;
-constexpr size_t kMaxCopyThreads = 4;
+constexpr size_t kMaxCopyThreads = 4;  // the caller plus up to 3 copy-pool threads
 
 // ---- asynchronous transfers
 // Worker threads executing submitted transfers, started as needed: enough to keep the channel pool

@@ -3,14 +3,13 @@
 #include <errno.h>
 #include <sys/uio.h>
 
-#include <algorithm>
 #include <climits>
+#include <vector>
 
 #include "common/limits.h"
-
 #include "common/util.h"
 #include "transport/path.h"
-#include "transport/split.h"
+#include "transport/copy_pool.h"
 
 namespace kvblocks {
 
@@ -18,51 +17,37 @@ using namespace llm_datadist;  // NOLINT: status constants
 
 namespace {
 
-// One process_vm_readv/writev per IOV_MAX entries or kDeadlineCheckBytes, whichever comes first,
-// with a look at the clock after each.
-Status CmaRange(const Plan &plan, pid_t pid, const std::vector<uint64_t> &remote, const std::vector<uint64_t> &local,
-                bool pull, int64_t deadline, size_t begin, size_t end) {
-  std::vector<iovec> liov, riov;
-  liov.reserve(IOV_MAX);
-  riov.reserve(IOV_MAX);
+// One chunk (transport/copy_pool.h): one process_vm_readv/writev per IOV_MAX pieces, after a look
+// at the clock (but for the first chunk, as every one-sided copy).
+Status CmaChunk(const Chunking &chunks, const Plan &plan, pid_t pid, const std::vector<uint64_t> &remote,
+                const std::vector<uint64_t> &local, bool pull, int64_t deadline, size_t c) {
+  if (c != 0 && NowNs() > deadline) return LLM_TIMEOUT;
+  thread_local std::vector<iovec> liov, riov;
+  liov.clear();
+  riov.clear();
   uint64_t pending = 0;
-  bool flushed = false;
-  auto flush = [&]() -> Status {
+  Status st = LLM_SUCCESS;
+  auto flush = [&] {
     const ssize_t n = pull ? process_vm_readv(pid, liov.data(), liov.size(), riov.data(), riov.size(), 0)
                            : process_vm_writev(pid, liov.data(), liov.size(), riov.data(), riov.size(), 0);
-    const int err = errno;
+    if (n < 0 && errno == ESRCH) st = LLM_LINK_FAILED;  // the peer process is gone
+    else if (n != static_cast<ssize_t>(pending)) st = LLM_FAILED;
     liov.clear();
     riov.clear();
-    const uint64_t expect = pending;
     pending = 0;
-    if (n == static_cast<ssize_t>(expect)) return LLM_SUCCESS;
-    if (n < 0 && err == ESRCH) return LLM_LINK_FAILED;  // the peer process is gone
-    return LLM_FAILED;
   };
-  for (size_t i = begin; i < end; ++i) {
+  chunks.ForEach(c, [&](size_t i, const Segment &g) {
+    if (st != LLM_SUCCESS) return;
     const uint64_t rbase = remote[pull ? plan.src_tensors[i] : plan.dst_tensors[i]];
-    uint8_t *lbase = reinterpret_cast<uint8_t *>(local[pull ? plan.dst_tensors[i] : plan.src_tensors[i]]);
-    for (const Segment &g : plan.segs) {
-      const uint64_t roff = pull ? g.src_off : g.dst_off, loff = pull ? g.dst_off : g.src_off;
-      for (uint64_t off = 0; off < g.len;) {
-        if (flushed) {  // more to move: is there still time?
-          flushed = false;
-          if (NowNs() > deadline) return LLM_TIMEOUT;
-        }
-        const uint64_t n = std::min(g.len - off, kDeadlineCheckBytes - pending);
-        liov.push_back(iovec{lbase + loff + off, n});
-        riov.push_back(iovec{reinterpret_cast<void *>(rbase + roff + off), n});
-        off += n;
-        pending += n;
-        if (liov.size() == IOV_MAX || pending >= kDeadlineCheckBytes) {
-          const Status st = flush();
-          if (st != LLM_SUCCESS) return st;
-          flushed = true;
-        }
-      }
-    }
-  }
-  return liov.empty() ? LLM_SUCCESS : flush();
+    const uint64_t lbase = local[pull ? plan.dst_tensors[i] : plan.src_tensors[i]];
+    const uint64_t roff = pull ? g.src_off : g.dst_off, loff = pull ? g.dst_off : g.src_off;
+    liov.push_back(iovec{reinterpret_cast<void *>(lbase + loff), g.len});
+    riov.push_back(iovec{reinterpret_cast<void *>(rbase + roff), g.len});
+    pending += g.len;
+    if (liov.size() == IOV_MAX) flush();
+  });
+  if (st == LLM_SUCCESS && !liov.empty()) flush();
+  return st;
 }
 
 class CmaPath : public Path {
@@ -70,9 +55,11 @@ class CmaPath : public Path {
   CmaPath(int pid, std::vector<uint64_t> remote) : pid_(pid), remote_(std::move(remote)) {}
   const char *name() const override { return "cma"; }
   Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
-    return RunSplit(plan, [&](size_t b, size_t e) {
-      return CmaRange(plan, static_cast<pid_t>(pid_), remote_, local.addrs, pull, deadline, b, e);
-    });
+    const Chunking chunks(plan, kDeadlineCheckBytes);
+    auto one = [&](size_t c) {
+      return CmaChunk(chunks, plan, static_cast<pid_t>(pid_), remote_, local.addrs, pull, deadline, c);
+    };
+    return RunChunks(chunks.count(), plan.total_bytes(), one);
   }
 
  private:
