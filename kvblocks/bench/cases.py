@@ -2,7 +2,7 @@
 """The case matrix: kvblocks cases, each with the id of the baseline measured beside it.
 
 Groups (``--case`` takes a group name or a glob over case ids): validation, dispatch, shm, cma,
-tcp, async, scaling, import, and base (the baselines, added to any selection that needs them).
+tcp, async, scaling, limits, model, import, and base (the baselines, added to any selection that needs them).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 from . import baselines as bl
-from . import cases_async
+from . import cases_async, cases_limits
 from .common import (KiB, MiB, SCALE_BLOCK_BYTES, SCALE_BLOCKS, SCALE_BLOCKS_64B,
                      SCALE_FIXED_BYTES, SCALE_LAYERS, SIZES, TRANSFER_PATHS, VALIDATION_NS, Case, human_bytes)
 from .common import np as _np
@@ -274,6 +274,8 @@ def all_cases():
     for path in TRANSFER_PATHS:
         cases += _transfer_block(path)
     cases += cases_async.async_cases()
+    L, _, bb, B = SIZES["large"]
+    cases += cases_limits.limits_cases(2 * L * B * bb)
     scaling = _scaling_cases()
     cases += _scaling_baselines(scaling, {c.id for c in cases}) + scaling
     cases.append(_import_case("json"))

@@ -27,6 +27,27 @@ def _samehost(by, pe, add):
                     f"{r['GBps']:.2f} vs {gb:.2f} GB/s (interleaved)")
 
 
+def _limits(by, add):
+    """Issue 13's same-host targets: shm at the memory bandwidth, cma near shm and ahead of raw CMA."""
+    all_core = by.get("base/memcpy-all/256MiB")
+    for d in ("pull", "push"):
+        shm, cma = by.get(f"shm/large/{d}/random"), by.get(f"cma/large/{d}/random")
+        if shm and all_core:
+            v = all_core["median_s"] / shm["median_s"]
+            add(f"shm large {d} vs memcpy on all cores", f"{v:.2f}x bw", ">= 0.9x", v >= 0.9,
+                f"{shm['GBps']:.2f} vs {all_core['GBps']:.2f} GB/s (same run)")
+        if shm and cma:
+            v = shm["median_s"] / cma["median_s"]
+            add(f"cma large {d} vs shm", f"{v:.2f}x bw", ">= 0.8x", v >= 0.8,
+                f"{cma['GBps']:.2f} vs {shm['GBps']:.2f} GB/s (same run)")
+        for tag in ("2MiB", "8MiB", "32MiB"):
+            r = by.get(f"limits/cma/{tag}/{d}")
+            if r and r.get("ratio"):
+                v = 1 / r["ratio"]
+                add(f"cma {tag} {d} vs process_vm_readv loop", f"{v:.2f}x", ">= 1.5x", v >= 1.5,
+                    f"{r['GBps']:.2f} GB/s (interleaved)")
+
+
 def _tcp(by, add):
     for d in ("pull", "push"):
         r = by.get(f"tcp/large/{d}/random")
@@ -89,6 +110,7 @@ def targets(rows, peer_rows):
         out.append({"target": name, "value": value, "goal": goal, "ok": ok, "detail": detail})
 
     _samehost(by, pe, add)
+    _limits(by, add)
     _tcp(by, add)
     _inprocess(by, add)
     _async(by, add)
