@@ -45,10 +45,10 @@ def transfer_fns(h, p, direction, lists, rng, pattern, B, ext=None):
         nonce = next(h.nonce)
         if direction == "pull":
             p.peer.call("mark", p.rkey, s, nonce)
-            dd.pull_kv_blocks(idx, cache, s, d)
+            dd.pull_kv_blocks(idx, cache, s, d, ext)
             return check_blocks(p.arrays, d, s, nonce)
         mark_blocks(p.arrays, s, nonce)
-        dd.push_kv_blocks(cache, idx, s, d)
+        dd.push_kv_blocks(cache, idx, s, d, ext)
         return p.peer.call("check", p.rkey, d, s, nonce)
 
     return fn, verify

@@ -87,11 +87,14 @@ def raw_cma_shape_case(id, nt, nb, bb, B, direction, pgroup):
                 note="ctypes process_vm_readv/writev, 1 iovec per block (the kernel's CMA cost)")
 
 
-def _shape_case(id, group, path, nt, nb, bb, B, direction, baseline, pgroup, note, series=None):
+def _shape_case(id, group, path, nt, nb, bb, B, direction, baseline, pgroup, note, series=None, per_layer=2):
     def make(h):
+        import kvblocks as kb
+
         p = h.pair(path, nt, nb, bb)
         rng = _np().random.default_rng(hash(id) & 0xFFFF)
-        return _cases.transfer_fns(h, p, direction, id_lists(rng, nb, B, "random", 16), rng, "random", B)
+        ext = None if per_layer == 2 else kb.KvCacheExtParam((-1, -1), (-1, -1), per_layer)  # MLA: 1 per layer
+        return _cases.transfer_fns(h, p, direction, id_lists(rng, nb, B, "random", 16), rng, "random", B, ext)
 
     return Case(id, group, make, baseline=baseline, bytes=nt * B * bb, blocks=nt * B, reps="large", path=path,
                 pgroup=pgroup, note=note, series=series)
@@ -133,7 +136,8 @@ def _model_cases():
                 out.append(_shape_case(f"model/{name}/{path}/{d}", "model", path, nt, 2 * BLOCKS_PER_CALL, bb,
                                        BLOCKS_PER_CALL, d, base.id, g,
                                        f"{nt} tensors x {BLOCKS_PER_CALL} random blocks of {human_bytes(bb)}"
-                                       f" ({TOKENS_PER_BLOCK} tokens), {BLOCKS_PER_CALL * TOKENS_PER_BLOCK} tokens"))
+                                       f" ({TOKENS_PER_BLOCK} tokens), {BLOCKS_PER_CALL * TOKENS_PER_BLOCK} tokens",
+                                       per_layer=MODELS[name][1]))
     return out
 
 
