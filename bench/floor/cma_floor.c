@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+// The kernel's floor for same-host copies, from C alone: memcpy and process_vm_readv/writev of the
+// same random 16 KiB blocks on 1 and N threads, against a forked child's anonymous memory (what a
+// same-host peer's registered tensors are). kvblocks' shm and cma paths cannot beat these.
+//   cc -O2 -pthread bench/floor/cma_floor.c -o cma_floor && ./cma_floor [threads]
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BB (16 << 10)
+#define MAXIOV 1024
+
+static size_t nblocks;          // blocks moved per call
+static uint8_t *remote, *local; // remote: the child's copy (same address after fork)
+static size_t *ids;             // random block ids on the remote side
+static pid_t child;
+static int mode;                // 0 memcpy (local only), 1 readv, 2 writev
+
+struct part { size_t begin, end; };
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void *run(void *arg) {
+  const struct part *p = arg;
+  struct iovec l[MAXIOV], r[MAXIOV];
+  size_t n = 0;
+  for (size_t i = p->begin; i < p->end; ++i) {
+    uint8_t *dst = local + i * BB, *src = remote + ids[i] * BB;
+    if (mode == 0) { memcpy(dst, src, BB); continue; }
+    l[n] = (struct iovec){dst, BB};
+    r[n] = (struct iovec){src, BB};
+    if (++n == MAXIOV || i + 1 == p->end) {
+      ssize_t got = mode == 1 ? process_vm_readv(child, l, n, r, n, 0) : process_vm_writev(child, l, n, r, n, 0);
+      if (got != (ssize_t)(n * BB)) { perror("process_vm_*"); exit(1); }
+      n = 0;
+    }
+  }
+  return NULL;
+}
+
+static double once(int threads) {
+  pthread_t t[16];
+  struct part p[16];
+  double t0 = now();
+  for (int k = 0; k < threads; ++k) {
+    p[k] = (struct part){nblocks * k / threads, nblocks * (k + 1) / threads};
+    if (k) pthread_create(&t[k], NULL, run, &p[k]);
+  }
+  run(&p[0]);
+  for (int k = 1; k < threads; ++k) pthread_join(t[k], NULL);
+  return now() - t0;
+}
+
+static int cmp(const void *a, const void *b) { double x = *(double *)a, y = *(double *)b; return (x > y) - (x < y); }
+
+static double median(int threads, int reps) {
+  double s[64];
+  once(threads);
+  for (int i = 0; i < reps; ++i) s[i] = once(threads);
+  qsort(s, reps, sizeof(double), cmp);
+  return s[reps / 2];
+}
+
+int main(int argc, char **argv) {
+  int nt = argc > 1 ? atoi(argv[1]) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  const size_t sizes[] = {2u << 20, 8u << 20, 32u << 20, 256u << 20};
+  const size_t max = 256u << 20, pool = 2 * max / BB;
+  remote = mmap(NULL, 2 * max, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  local = mmap(NULL, max, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  madvise(remote, 2 * max, MADV_HUGEPAGE);  // as numpy does for large arrays (THP "madvise" mode)
+  madvise(local, max, MADV_HUGEPAGE);
+  memset(remote, 7, 2 * max);
+  memset(local, 1, max);
+  ids = malloc(sizeof(size_t) * pool);
+  for (size_t i = 0; i < pool; ++i) ids[i] = i;
+  srand(7);
+  for (size_t i = pool - 1; i > 0; --i) { size_t j = rand() % (i + 1), x = ids[i]; ids[i] = ids[j]; ids[j] = x; }
+  if ((child = fork()) == 0) { pause(); _exit(0); }
+  printf("%-8s %-10s %12s %12s %12s   (GB/s, median; %d threads vs 1)\n", "size", "op", "1 thread", "N threads",
+         "N/1", nt);
+  const char *names[] = {"memcpy", "readv", "writev"};
+  for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); ++s) {
+    nblocks = sizes[s] / BB;
+    for (mode = 0; mode < 3; ++mode) {
+      int reps = sizes[s] >= (64u << 20) ? 9 : 31;
+      double one = median(1, reps), all = median(nt, reps);
+      printf("%-8zu %-10s %12.2f %12.2f %12.2f\n", sizes[s] >> 20, names[mode], sizes[s] / one / 1e9,
+             sizes[s] / all / 1e9, one / all);
+    }
+  }
+  kill(child, SIGKILL);
+  waitpid(child, NULL, 0);
+  return 0;
+}
