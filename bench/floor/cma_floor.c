@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The kernel's floor for same-host copies, from C alone: memcpy and process_vm_readv/writev of the
-// same random 16 KiB blocks on 1 and N threads, against a forked child's anonymous memory (what a
+// same random blocks (16 KiB unless told) on 1 and N threads, against a forked child's anonymous memory (what a
 // same-host peer's registered tensors are). kvblocks' shm and cma paths cannot beat these.
-//   cc -O2 -pthread bench/floor/cma_floor.c -o cma_floor && ./cma_floor [threads]
+//   cc -O2 -pthread bench/floor/cma_floor.c -o cma_floor && ./cma_floor [threads [block KiB]]
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define BB (16 << 10)
+static size_t BB = 16 << 10;  // block bytes (argv[2], KiB)
 #define MAXIOV 1024
 
 static size_t nblocks;          // blocks moved per call
@@ -76,19 +76,29 @@ static double median(int threads, int reps) {
 
 int main(int argc, char **argv) {
   int nt = argc > 1 ? atoi(argv[1]) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (argc > 2) BB = (size_t)atoi(argv[2]) << 10;
   const size_t sizes[] = {2u << 20, 8u << 20, 32u << 20, 256u << 20};
   const size_t max = 256u << 20, pool = 2 * max / BB;
   remote = mmap(NULL, 2 * max, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   local = mmap(NULL, max, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   madvise(remote, 2 * max, MADV_HUGEPAGE);  // as numpy does for large arrays (THP "madvise" mode)
   madvise(local, max, MADV_HUGEPAGE);
-  memset(remote, 7, 2 * max);
-  memset(local, 1, max);
   ids = malloc(sizeof(size_t) * pool);
   for (size_t i = 0; i < pool; ++i) ids[i] = i;
   srand(7);
   for (size_t i = pool - 1; i > 0; --i) { size_t j = rand() % (i + 1), x = ids[i]; ids[i] = ids[j]; ids[j] = x; }
-  if ((child = fork()) == 0) { pause(); _exit(0); }
+  int ready[2];
+  if (pipe(ready) != 0) return 1;
+  if ((child = fork()) == 0) {  // the peer: its own pages (touched after fork, so none is shared copy-on-write)
+    memset(remote, 7, 2 * max);
+    if (write(ready[1], "k", 1) != 1) _exit(1);
+    pause();
+    _exit(0);
+  }
+  char k;
+  if (read(ready[0], &k, 1) != 1) return 1;
+  memset(local, 1, max);
+  memset(remote, 7, 2 * max);  // the memcpy rows read this process's own copy
   printf("%-8s %-10s %12s %12s %12s   (GB/s, median; %d threads vs 1)\n", "size", "op", "1 thread", "N threads",
          "N/1", nt);
   const char *names[] = {"memcpy", "readv", "writev"};
