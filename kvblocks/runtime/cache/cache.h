@@ -75,6 +75,7 @@ class CacheRegistry {
   std::shared_ptr<CacheEntry> Take(int64_t id);    // removes; null when unknown
   std::map<int64_t, std::shared_ptr<CacheEntry>> TakeAll();
   std::vector<TableEntry> Describe() const;
+  std::vector<std::shared_ptr<CacheEntry>> All() const;  // in id order
 
  private:
   mutable std::shared_mutex mu_;

@@ -75,6 +75,8 @@ struct Link {
   bool linked_by_us = false;  // LinkLlmClusters returned success for it here (else: accepted only)
   bool unlink_acked = false;  // UNLINK_ACK, or the peer's own UNLINK
   std::set<int64_t> gone_acked;  // our cache ids the peer confirmed it stopped using
+  uint64_t notify_seq = 0;                    // NOTIFYs we sent
+  std::map<uint64_t, uint32_t> notify_acks;  // their NOTIFY_ACK statuses, until the sender takes them
   std::mutex ctrl_write_mu;
 
   void AddFd(int fd);
