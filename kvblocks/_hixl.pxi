@@ -156,9 +156,15 @@ cdef c_map[CAscendString, CAscendString] _hx_options(object options) except *:
 
 
 cdef int _hx_descs(object op_descs, vector[HTransferOpDesc]& out) except -1:
+    cdef Py_ssize_t i, n
+    if type(op_descs) is list:
+        n = len(<list>op_descs)
+        out.resize(n)
+        for i in range(n):
+            out[i] = (<TransferOpDesc?>(<list>op_descs)[i])._c
+        return 0
     if not isinstance(op_descs, (list, tuple)):
         raise TypeError(f"op_descs must be a list of TransferOpDesc, got {type(op_descs).__name__}")
-    out.reserve(len(op_descs))
     for d in op_descs:
         out.push_back((<TransferOpDesc?>d)._c)
     return 0
@@ -184,6 +190,8 @@ def get_capability(feature_type):
 cdef class Hixl:
     """CANN's hixl engine on kvblocks (see the module documentation). Methods return status codes."""
     cdef CHixl* _h
+    cdef object _last_name  # the last remote name converted, and its conversion (transfers repeat it)
+    cdef CAscendString _last_c
 
     def __cinit__(self):
         self._h = new CHixl()
@@ -193,6 +201,12 @@ cdef class Hixl:
             with nogil:
                 del self._h  # finalizes
             self._h = NULL
+
+    cdef CAscendString _remote(self, object remote_engine) except *:
+        if remote_engine is not self._last_name:
+            self._last_c = _hx_str(remote_engine, "remote_engine")
+            self._last_name = remote_engine
+        return self._last_c
 
     def initialize(self, local_engine, options=None):
         """Initializes the engine named (and listening at) ``local_engine``; returns a status.
@@ -324,7 +338,7 @@ cdef class Hixl:
         TypeError
             ``remote_engine`` is not a str, ``op`` not an int, or ``op_descs`` not a list of TransferOpDesc.
         """
-        cdef CAscendString r = _hx_str(remote_engine, "remote_engine")
+        cdef CAscendString r = self._remote(remote_engine)
         cdef int o = op
         cdef vector[HTransferOpDesc] descs
         _hx_descs(op_descs, descs)
@@ -341,7 +355,7 @@ cdef class Hixl:
         TypeError
             As transfer_sync, or ``args`` is not a TransferArgs.
         """
-        cdef CAscendString r = _hx_str(remote_engine, "remote_engine")
+        cdef CAscendString r = self._remote(remote_engine)
         cdef int o = op
         cdef vector[HTransferOpDesc] descs
         _hx_descs(op_descs, descs)

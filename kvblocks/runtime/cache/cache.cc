@@ -51,14 +51,6 @@ std::shared_ptr<CacheEntry> CacheRegistry::Take(int64_t id) {
   return e;
 }
 
-std::vector<std::shared_ptr<CacheEntry>> CacheRegistry::All() const {
-  std::shared_lock<std::shared_mutex> g(mu_);
-  std::vector<std::shared_ptr<CacheEntry>> out;
-  out.reserve(caches_.size());
-  for (const auto &kv : caches_) out.push_back(kv.second);
-  return out;
-}
-
 std::map<int64_t, std::shared_ptr<CacheEntry>> CacheRegistry::TakeAll() {
   std::unique_lock<std::shared_mutex> g(mu_);
   std::map<int64_t, std::shared_ptr<CacheEntry>> all;

@@ -62,6 +62,9 @@ struct Link {
   bool one_sided = false;  // some cache is reached without the peer (memcpy, CMA)
   std::map<int64_t, RemoteCache> caches;
   ChannelOpener open_channel;  // opener side: connects and authenticates one more channel
+  // Address-based transfers (engine/ranges.cc): `caches` sorted by announced address, built once.
+  std::once_flag by_addr_once;
+  std::vector<std::pair<uint64_t, const RemoteCache *>> by_addr;
 
   std::mutex mu;  // guards the fields below
   std::condition_variable cv;
