@@ -234,11 +234,13 @@ cdef class Hixl:
         Raises
         ------
         TypeError
-            ``mem_desc`` is not a MemDesc or ``mem_type`` not an int.
+            ``mem_desc`` is not a MemDesc or ``mem_type`` not MEM_DEVICE/MEM_HOST (0/1).
         """
         cdef int t = mem_type
         cdef HMemHandle h = NULL
         cdef HStatus st
+        if t != 0 and t != 1:  # as upstream, only a MemType converts (a C++ enum cannot hold others)
+            raise TypeError(f"mem_type must be MEM_DEVICE or MEM_HOST, got {mem_type!r}")
         with nogil:
             st = self._h.RegisterMem(mem_desc._c, <HMemType>t, h)
         return st, <uintptr_t>h
@@ -336,13 +338,16 @@ cdef class Hixl:
         Raises
         ------
         TypeError
-            ``remote_engine`` is not a str, ``op`` not an int, or ``op_descs`` not a list of TransferOpDesc.
+            ``remote_engine`` is not a str, ``op`` not READ/WRITE (0/1), or ``op_descs`` not a list of
+            TransferOpDesc.
         """
         cdef CAscendString r = self._remote(remote_engine)
         cdef int o = op
         cdef vector[HTransferOpDesc] descs
         _hx_descs(op_descs, descs)
         cdef HStatus st
+        if o != 0 and o != 1:  # as upstream, only a TransferOp converts
+            raise TypeError(f"op must be READ or WRITE, got {op!r}")
         with nogil:
             st = self._h.TransferSync(r, <HTransferOp>o, descs, timeout_in_millis)
         return st
@@ -364,6 +369,8 @@ cdef class Hixl:
             a.user_data = <const void*>args.user_data
         cdef HTransferReq req = NULL
         cdef HStatus st
+        if o != 0 and o != 1:
+            raise TypeError(f"op must be READ or WRITE, got {op!r}")
         with nogil:
             st = self._h.TransferAsync(r, <HTransferOp>o, descs, a, req)
         return st, <uintptr_t>req

@@ -120,6 +120,13 @@ def test_h4_data_classes_round_trip():
         hx.MemDesc(-1, 1)
     with pytest.raises(TypeError):
         hx.TransferOpDesc("x", 1, 1)
+    e = hx.Hixl()
+    with pytest.raises(TypeError):
+        e.register_mem(hx.MemDesc(0x1000, 1), 2)  # only MemType values convert
+    with pytest.raises(TypeError):
+        e.transfer_sync("127.0.0.1:1", 5, [])
+    with pytest.raises(TypeError):
+        e.transfer_sync("127.0.0.1:1", hx.READ, [hx.MemDesc(1, 1)])
 
 
 def test_h5_get_capability():
