@@ -544,6 +544,51 @@ cdef class LlmDataDist:
         check_status(st, b"find_remote_cache")
         return cid
 
+    def send_notify(self, uint64_t cluster_id, name, message, int32_t timeout_in_millis=1000):
+        """Sends a notification to linked cluster ``cluster_id`` and waits until it is queued there.
+
+        It arrives after every transfer on that link that returned (or whose handle completed)
+        before this call, so "your blocks are there" can be a notification. ``name`` and
+        ``message`` are ``str`` (UTF-8) or ``bytes`` of at most 1024 bytes each. The receiver
+        queues at most 4096 undelivered notifications from all peers together.
+
+        Raises
+        ------
+        TypeError
+            ``name`` or ``message`` is not str or bytes.
+        ParamInvalidError
+            ``name`` or ``message`` is longer than 1024 bytes, or ``timeout_in_millis`` <= 0.
+        LinkError
+            Not linked to ``cluster_id`` (``LLM_NOT_YET_LINK``), the link broke, or the peer's queue
+            is full (``LLM_LINK_BUSY``: nothing was queued; retry after it called get_notifies).
+        LLMTimeoutError
+            The peer did not acknowledge it within ``timeout_in_millis``.
+        """
+        cdef c_string n = _notify_bytes(name, "name")
+        cdef c_string m = _notify_bytes(message, "message")
+        cdef Status st
+        with nogil:
+            st = ImplAccess.SendNotify(self._impl.get()[0], cluster_id, n, m, timeout_in_millis)
+        check_status(st, b"send_notify")
+
+    def get_notifies(self):
+        """Takes every notification received so far, oldest first, as a list of
+        ``(from_cluster_id, name, message)`` tuples (``name`` and ``message`` decoded as UTF-8,
+        invalid bytes replaced).
+
+        Raises
+        ------
+        LLMException
+            The engine is not initialized (``LLM_FAILED``).
+        """
+        cdef vector[CNotifyMessage] got
+        cdef Status st
+        with nogil:
+            st = ImplAccess.GetNotifies(self._impl.get()[0], got)
+        check_status(st, b"get_notifies")
+        return [(x.from_cluster_id, x.name.decode("utf-8", "replace"), x.message.decode("utf-8", "replace"))
+                for x in got]
+
 
 cdef int _fill_src_cache(object cache, CCache& c) except -1:
     """The runtime reads placement and num_tensors of a push source from the caller (as CANN)."""
@@ -553,6 +598,14 @@ cdef int _fill_src_cache(object cache, CCache& c) except -1:
         c.cache_desc.num_tensors = (<CacheDesc>d).num_tensors
         c.cache_desc.placement = <CCachePlacement>(<int>(<CacheDesc>d)._placement)  # checked when set
     return 0
+
+
+cdef c_string _notify_bytes(object v, str what) except *:
+    if isinstance(v, str):
+        return (<str>v).encode("utf-8")
+    if isinstance(v, bytes):
+        return <bytes>v
+    raise TypeError(f"{what} must be str or bytes, got {type(v).__name__}")
 
 
 cdef _status(Status s):
@@ -600,3 +653,4 @@ cdef Status push_blocks_nogil(CLlmDataDist* dd, int64_t src_cache_id, uint32_t s
 
 
 include "_async.pxi"
+include "_hixl.pxi"

@@ -5,7 +5,8 @@
     python -m kvblocks.compat -m MODULE [ARGS...]
 
 Inside that process only, ``import llm_datadist`` and ``from llm_datadist.x import y`` resolve to
-:mod:`kvblocks.llm_datadist` (a meta-path finder aliases the names). Nothing is installed, so a
+:mod:`kvblocks.llm_datadist`, and ``import hixl`` (``hixl.hixl``) to :mod:`kvblocks.hixl` (a meta-path
+finder aliases the names). Nothing is installed, so a
 real CANN ``llm_datadist`` elsewhere is never shadowed.
 """
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import List, Optional, Sequence
 
 ALIAS = "llm_datadist"
 TARGET = "kvblocks.llm_datadist"
+# Every CANN package name this process maps, and the kvblocks package it resolves to.
+ALIASES = {ALIAS: TARGET, "hixl": "kvblocks.hixl"}
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -35,13 +38,14 @@ class _AliasLoader(importlib.abc.Loader):
 
 
 class AliasFinder(importlib.abc.MetaPathFinder):
-    """Maps ``llm_datadist[.x]`` to ``kvblocks.llm_datadist[.x]``."""
+    """Maps ``llm_datadist[.x]`` to ``kvblocks.llm_datadist[.x]`` and ``hixl[.x]`` to ``kvblocks.hixl[.x]``."""
 
     def find_spec(self, fullname: str, path: Optional[Sequence[str]] = None,
                   target: Optional[types.ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
-        if fullname != ALIAS and not fullname.startswith(ALIAS + "."):
+        top = fullname.split(".", 1)[0]
+        if top not in ALIASES:
             return None
-        real = TARGET + fullname[len(ALIAS):]
+        real = ALIASES[top] + fullname[len(top):]
         try:
             real_spec = importlib.util.find_spec(real)
         except ModuleNotFoundError:

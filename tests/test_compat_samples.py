@@ -70,6 +70,21 @@ def test_mutual_link_pull_while_push(tmp_path):
     assert all("all data verified" in o for o in outs)
 
 
+def test_hixl_server_client_read_write_notify(tmp_path):
+    """hixl (import hixl under kvblocks.compat): the D2RD flow (H44: 8 MiB as 512 x 16 KiB READ), then
+    a WRITE and a notification the server sees only after the written bytes landed."""
+    from ports import _bindable
+    while True:
+        sp = free_port()
+        if _bindable(sp + 1000):
+            break
+    cp = free_port()
+    outs = run_processes("hixl_d2rd_sample.py", [["--role", "server", "--port", sp],
+                                                 ["--role", "client", "--port", cp, "--server-port", sp]], tmp_path)
+    assert "notification after the write verified" in outs[0]
+    assert "8 MiB read verified" in outs[1] and "all data verified" in outs[1]
+
+
 def test_a_failing_sample_fails_the_test_at_once(tmp_path):
     # The decoder raises at start (its port is out of range); the prompt would wait 60 s for it. The
     # harness notices the exit and fails within seconds, naming the process, its exit code and error.

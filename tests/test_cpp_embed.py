@@ -69,3 +69,30 @@ def test_prompt_and_decoder_processes(programs, tmp_path):
     outs = run_together([[programs[n], str(port), str(tmp_path)] for n in ("prompt", "decoder")], 90,
                         ["prompt", "decoder"], env=env)
     assert "pull verified" in outs[1] and "push verified" in outs[1]
+
+
+@pytest.fixture(scope="module")
+def hixl_programs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cpp_hixl")
+    built = {}
+    f = flags()
+    assert os.path.isfile(os.path.join(kvblocks.get_include(), "hixl", "hixl.h"))
+    for name in ("hixl_server", "hixl_client"):
+        exe = str(out / name)
+        cmd = ["g++", "-O1", "-Wall", "-std=c++17", os.path.join(CPP, f"{name}.cpp"), "-o", exe, *f]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, " ".join(cmd) + "\n" + r.stderr
+        built[name] = exe
+    return built
+
+
+def test_hixl_server_and_client_processes(hixl_programs, tmp_path):
+    """hixl/hixl.h programs (CANN's names and signatures) linked to the same runtime: a READ, a WRITE
+    (async, with TransferArgs.user_data), a notification that follows it, and a refused range."""
+    from ports import free_port
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    outs = run_together([[hixl_programs["hixl_server"], str(port), str(tmp_path)],
+                         [hixl_programs["hixl_client"], str(port), str(tmp_path)]], 90,
+                        ["hixl_server", "hixl_client"], env=env)
+    assert "verified" in outs[0] and "verified" in outs[1]

@@ -27,6 +27,19 @@ enum class CacheKind : uint8_t { kMix = 0, kBlocks = 1, kCache = 2 };
 // Data path of a link, as chosen at link time.
 enum class PathKind : uint8_t { kNone = 0, kInProcess = 1, kSharedMemory = 2, kTcp = 3 };
 
+// A notification received from a peer (SendNotify / GetNotifies).
+struct NotifyMessage {
+  uint64_t from_cluster_id = 0;
+  std::string name;
+  std::string message;
+};
+
+// One address-based copy: `len` bytes between local address `local` and the peer's address
+// `remote` (read: remote -> local; write: local -> remote). Both must lie in registered memory.
+struct AddrRange {
+  uint64_t local = 0, remote = 0, len = 0;
+};
+
 struct KVBLOCKS_API ImplAccess {
   // Registers (addrs non-empty) or allocates (addrs empty) a cache of the given kind;
   // `key` >= 0 tags it for lookup by peers (CANN's BlocksCacheKey.model_id).
@@ -66,6 +79,17 @@ struct KVBLOCKS_API ImplAccess {
   static llm_datadist::Status SubmitBlocksBatch(llm_datadist::LlmDataDist &dd,
                                                 const std::vector<BlocksRequest> &requests,
                                                 std::vector<TransferHandle> &out, size_t &failed) noexcept;
+
+  // Sends a notification (name and message at most 1024 bytes each) to a linked peer and waits up
+  // to `timeout_ms` for it to be queued there. It is delivered after every transfer on that link
+  // that returned (or whose handle completed) before this call. LLM_PARAM_INVALID: too long or
+  // timeout <= 0; LLM_NOT_YET_LINK: no link; LLM_LINK_BUSY: the peer holds 4096 undelivered
+  // notifications (nothing was queued; retry later); LLM_TIMEOUT: no answer in time.
+  static llm_datadist::Status SendNotify(llm_datadist::LlmDataDist &dd, uint64_t cluster_id,
+                                         const std::string &name, const std::string &message,
+                                         int32_t timeout_ms) noexcept;
+  // Takes every notification received so far, in arrival order.
+  static llm_datadist::Status GetNotifies(llm_datadist::LlmDataDist &dd, std::vector<NotifyMessage> &out) noexcept;
 };
 
 }  // namespace kvblocks

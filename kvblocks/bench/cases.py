@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 from . import baselines as bl
-from . import cases_async, cases_limits
+from . import cases_async, cases_hixl, cases_limits
 from .common import (KiB, MiB, SCALE_BLOCK_BYTES, SCALE_BLOCKS, SCALE_BLOCKS_64B,
                      SCALE_FIXED_BYTES, SCALE_LAYERS, SIZES, TRANSFER_PATHS, VALIDATION_NS, Case, human_bytes)
 from .common import np as _np
@@ -274,6 +274,7 @@ def all_cases():
     for path in TRANSFER_PATHS:
         cases += _transfer_block(path)
     cases += cases_async.async_cases()
+    cases += cases_hixl.hixl_cases()
     L, _, bb, B = SIZES["large"]
     cases += cases_limits.limits_cases(2 * L * B * bb)
     scaling = _scaling_cases()

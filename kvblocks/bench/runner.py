@@ -15,6 +15,7 @@ SECTIONS = (("validation", "Validation: block-list checks vs a pure-Python loop"
             ("samehost", "Same host, cross-process (shm: allocated caches; cma: registered numpy arrays)"),
             ("tcp", "TCP (kvblocks.Transport=tcp) vs a raw loopback socket"),
             ("async", "Asynchronous transfers: submission vs validation, 64 in flight vs sequential"),
+            ("hixl", "hixl: Hixl.transfer_sync vs the native pull_kv_blocks of the same bytes"),
             ("scaling", "Scaling (shm unless named; pull, random ids)"),
             ("import", "import kvblocks in a fresh interpreter"))
 

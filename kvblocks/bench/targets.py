@@ -99,6 +99,15 @@ def _async(by, add):
             f"{r['median_s'] * 1e3:.2f} ms vs {_base_med(r, by) * 1e3:.2f} ms (interleaved)")
 
 
+def _hixl(by, add):
+    for key, r in sorted(by.items()):
+        if key.startswith("hixl/") and key.endswith("/transfer_sync") and r.get("ratio"):
+            v = r["ratio"]
+            add(f"hixl transfer_sync vs native pull, {key.split('/')[1]} {key.split('/')[2]}", f"{v:.3f}x",
+                "<= 1.10x", v <= 1.10,
+                f"{r['median_s'] * 1e6:.1f} us vs {_base_med(r, by) * 1e6:.1f} us (interleaved)")
+
+
 def targets(rows, peer_rows):
     """[{"target", "value", "goal", "ok", "detail"}] for every target whose rows were measured.
     Raises nothing."""
@@ -114,4 +123,5 @@ def targets(rows, peer_rows):
     _tcp(by, add)
     _inprocess(by, add)
     _async(by, add)
+    _hixl(by, add)
     return out

@@ -14,6 +14,7 @@ cdef extern from "llm_datadist/llm_datadist.h" namespace "ge" nogil:
     cdef cppclass CAscendString "ge::AscendString":
         CAscendString()
         CAscendString(const char*)
+        CAscendString(const char*, size_t)
         const char* GetString()
         size_t GetLength()
 
@@ -183,6 +184,11 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         kBlocks
         kCache
 
+    cdef cppclass CNotifyMessage "kvblocks::NotifyMessage":
+        uint64_t from_cluster_id
+        c_string name
+        c_string message
+
     cdef cppclass ImplAccess "kvblocks::ImplAccess":
         @staticmethod
         Status AddCache(CLlmDataDist& dd, const CCacheDesc& desc, const vector[uint64_t]& addrs,
@@ -206,3 +212,8 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         @staticmethod
         Status SubmitBlocksBatch(CLlmDataDist& dd, const vector[CBlocksRequest]& requests,
                                  vector[CTransferHandle]& out, size_t& failed) noexcept
+        @staticmethod
+        Status SendNotify(CLlmDataDist& dd, uint64_t cluster_id, const c_string& name, const c_string& message,
+                          int32_t timeout_ms) noexcept
+        @staticmethod
+        Status GetNotifies(CLlmDataDist& dd, vector[CNotifyMessage]& out) noexcept

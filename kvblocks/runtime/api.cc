@@ -194,4 +194,12 @@ Status ImplAccess::SubmitBlocksBatch(llm_datadist::LlmDataDist &dd, const std::v
   });
 }
 
+Status ImplAccess::SendNotify(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, const std::string &name,
+                              const std::string &message, int32_t timeout_ms) noexcept {
+  return llm_datadist::Guard([&] { return dd.impl_->SendNotify(cluster_id, name, message, timeout_ms); });
+}
+Status ImplAccess::GetNotifies(llm_datadist::LlmDataDist &dd, std::vector<NotifyMessage> &out) noexcept {
+  return llm_datadist::Guard([&] { return dd.impl_->GetNotifies(&out); });
+}
+
 }  // namespace kvblocks

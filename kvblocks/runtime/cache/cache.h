@@ -75,6 +75,12 @@ class CacheRegistry {
   std::shared_ptr<CacheEntry> Take(int64_t id);    // removes; null when unknown
   std::map<int64_t, std::shared_ptr<CacheEntry>> TakeAll();
   std::vector<TableEntry> Describe() const;
+  // Calls fn(caches) under the registry's shared lock (no entry is copied or retained).
+  template <typename Fn>
+  void Visit(Fn &&fn) const {
+    std::shared_lock<std::shared_mutex> g(mu_);
+    fn(caches_);
+  }
 
  private:
   mutable std::shared_mutex mu_;

@@ -58,6 +58,19 @@ constexpr size_t kMaxAsyncThreads = 2 * kMaxRequesterChannels;
 // wake-up system call each (a futex wake is 1-5 us on a loaded machine; a submission ~1 us).
 constexpr int64_t kAsyncSpinUs = 50;
 
+// ---- notifications (send_notify / get_notifies, as CANN hixl defines them)
+constexpr size_t kMaxNotifyName = 1024;     // bytes (UTF-8) of a notification's name: hixl's limit
+constexpr size_t kMaxNotifyMessage = 1024;  // bytes of its message
+// Undelivered notifications an engine queues, from all peers together (hixl counts per engine).
+// Past it a NOTIFY is refused with LLM_LINK_BUSY and nothing is queued, so a peer flooding us
+// holds at most kMaxQueuedNotifies x (kMaxNotifyName + kMaxNotifyMessage) bytes, about 8 MiB.
+constexpr size_t kMaxQueuedNotifies = 4096;
+
+// ---- address-based transfers (hixl)
+// hixl's transfer_async has no timeout of its own: the caller polls and disconnects when it deems
+// a request late. The runtime still bounds how long a request may hold a link and its memory.
+constexpr int64_t kRangesAsyncDeadlineNs = 30 * kSecNs;
+
 // ---- defaults
 constexpr int64_t kDefaultWaitMs = 1000;  // llm.SyncKvCacheWaitTime
 constexpr int64_t kDefaultSpinUs = 50;    // KVBLOCKS_SPIN_US

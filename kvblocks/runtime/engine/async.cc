@@ -181,6 +181,20 @@ Status Impl::SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *o
   return LLM_SUCCESS;
 }
 
+// A transfer prepared and detached elsewhere (ranges.cc), run like a submitted blocks transfer.
+void Impl::SubmitPrepared(TransferPtr t, bool pull, TransferHandle *out) {
+  std::shared_ptr<AsyncPool> pool;
+  {
+    std::lock_guard<std::mutex> g(async_mu_);
+    if (!async_) async_ = std::make_shared<AsyncPool>(this);
+    pool = async_;
+  }
+  auto s = std::make_shared<TransferState>();
+  *out = TransferHandle(s);
+  AsyncPool::Job job{std::move(t), pull, s};
+  if (!pool->Post(job)) RunDetached(std::move(job.t), job.pull, s);
+}
+
 // ------------------------------------------------------------------ TransferHandle
 bool TransferHandle::Done() const noexcept { return !s_ || s_->done.load(std::memory_order_acquire); }
 

@@ -6,6 +6,7 @@
 #define KVBLOCKS_RUNTIME_ENGINE_ENGINE_H_
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <list>
 #include <map>
@@ -78,6 +79,19 @@ class Impl {
   // async.cc: asynchronous blocks transfers; every request is checked (as the synchronous call)
   // before any is submitted. `failed` is the index of the request that failed.
   Status SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *out, size_t *failed);
+  // notify.cc: user notifications on a link's control connection (hixl's send_notify/get_notifies).
+  // A notification follows every transfer on that link that returned (or completed) before it.
+  Status SendNotify(uint64_t cluster_id, const std::string &name, const std::string &message, int32_t timeout_ms);
+  Status GetNotifies(std::vector<NotifyMessage> *out);
+  // ranges.cc: address-based transfers between memory registered here and memory the peer had
+  // registered when the link was made (each registration a one-tensor cache). Every range is
+  // checked against both before any byte moves. `timeout_ms` < 0: the engine's wait time.
+  Status TransferRanges(uint64_t cluster_id, bool read, const AddrRange *ranges, size_t n, int64_t timeout_ms);
+  Status SubmitRanges(uint64_t cluster_id, bool read, const AddrRange *ranges, size_t n, int64_t timeout_ms,
+                      TransferHandle *out);
+  // Links with the peer at ip:port (IPv4 or IPv6) whose cluster id must be `remote_cluster_id`.
+  Status LinkAddress(uint64_t remote_cluster_id, const std::string &ip, uint16_t port, int32_t timeout_ms);
+  Status UnlinkCluster(uint64_t remote_cluster_id, int32_t timeout_ms);
 
  private:
   bool initialized() const { return initialized_.load(std::memory_order_acquire); }
@@ -109,7 +123,8 @@ class Impl {
   Status FindLocal(Transfer *t, int64_t cache_id);
   Status FindLink(Transfer *t, uint64_t cluster_id);
   Status FindRemote(Transfer *t, int64_t cache_id);
-  Status Execute(Transfer *t, bool pull);
+  Status Execute(Transfer *t, bool pull);  // t and then t->rest
+  Status ExecuteOne(Transfer *t, bool pull);
   Status PreparePullBlocks(Transfer &t, const CacheIndex &src, const Cache &dst,
                            const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
                            const KvCacheExtParam &ext);
@@ -124,6 +139,13 @@ class Impl {
   // async.cc
   friend class AsyncPool;
   void RunDetached(TransferPtr t, bool pull, const std::shared_ptr<TransferState> &s);
+  // notify.cc
+  void OnNotify(const std::shared_ptr<struct Link> &link, uint16_t type, const std::string &payload);
+  // ranges.cc
+  Status PrepareRanges(Transfer *t, uint64_t cluster_id, bool read, const AddrRange *ranges, size_t n,
+                       int64_t deadline);
+  // async.cc: hands a prepared (detached) transfer to the pool
+  void SubmitPrepared(TransferPtr t, bool pull, TransferHandle *out);
   // caches.cc
   Status NotifyCacheGone(int64_t cache_id, int64_t deadline);
 
@@ -164,6 +186,10 @@ class Impl {
 
   uint64_t instance_token_ = 0;
   uint64_t probe_value_ = 0;
+
+  // Notifications received and not yet taken (notify.cc), at most kMaxQueuedNotifies.
+  std::mutex notify_mu_;
+  std::deque<NotifyMessage> notifies_;
 
   // Worker threads of asynchronous transfers (async.cc), started on first use. Declared last so it
   // is destroyed first: its threads finish their jobs while the rest of the engine still exists.

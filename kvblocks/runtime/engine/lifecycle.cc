@@ -127,6 +127,8 @@ void Impl::Finalize() {
   ReapWorkers(true);
   for (auto &kv : links_.TakeAll()) kv.second->Fail();
   for (auto &kv : caches_.TakeAll()) RetireCache(kv.second.get());
+  std::lock_guard<std::mutex> g(notify_mu_);
+  notifies_.clear();
 }
 
 Status Impl::SetRole(LlmRole role, const std::map<AscendString, AscendString> &options) {

@@ -378,6 +378,30 @@ Status Impl::Unlink(const std::vector<ClusterInfo> &clusters, std::vector<Status
                      [&](const ClusterInfo &c) { return UnlinkOne(c, timeout_ms, force); });
 }
 
+// hixl's connect/disconnect: a peer named by its address, IPv4 or IPv6, with no local_ip_infos.
+Status Impl::LinkAddress(uint64_t remote_cluster_id, const std::string &ip, uint16_t port, int32_t timeout_ms) {
+  std::shared_lock<std::shared_mutex> lk(state_mu_);
+  if (!initialized()) return Fail(LLM_FAILED, "the engine is not initialized");
+  if (timeout_ms <= 0) return Fail(LLM_PARAM_INVALID, "timeout %d ms must be > 0", timeout_ms);
+  ClusterInfo ci;
+  ci.remote_cluster_id = remote_cluster_id;
+  IpInfo remote;
+  remote.ip = AscendString(ip.c_str());
+  remote.port = port;
+  ci.remote_ip_infos.push_back(remote);
+  ci.local_ip_infos.push_back(IpInfo());
+  return LinkOne(ci, timeout_ms);
+}
+
+Status Impl::UnlinkCluster(uint64_t remote_cluster_id, int32_t timeout_ms) {
+  std::shared_lock<std::shared_mutex> lk(state_mu_);
+  if (!initialized()) return Fail(LLM_FAILED, "the engine is not initialized");
+  ClusterInfo ci;
+  ci.remote_cluster_id = remote_cluster_id;
+  ci.remote_ip_infos.push_back(IpInfo());
+  return UnlinkOne(ci, timeout_ms, false);
+}
+
 // ------------------------------------------------------------------ acceptor side
 void Impl::HandleAccepted(int fd) {
   Hello hello;

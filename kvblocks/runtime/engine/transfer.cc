@@ -8,20 +8,10 @@
 #include "common/error.h"
 #include "common/util.h"
 #include "engine/engine.h"
+#include "engine/transfer.h"
 #include "plan/plan.h"
 
 namespace kvblocks {
-
-// What a transfer holds while its bytes move.
-struct Transfer {
-  std::shared_lock<std::shared_mutex> state;
-  int64_t deadline = 0;
-  std::shared_ptr<CacheEntry> local;
-  std::shared_ptr<struct Link> link;
-  const RemoteCache *remote = nullptr;
-  std::unique_ptr<RemoteUse> remote_use;
-  Plan plan;
-};
 
 namespace {
 
@@ -134,6 +124,20 @@ Status Impl::FindRemote(Transfer *t, int64_t cache_id) {
 }
 
 Status Impl::Execute(Transfer *t, bool pull) {
+  Status st = ExecuteOne(t, pull);
+  for (size_t i = 0; st == LLM_SUCCESS && i < t->rest.size(); ++i) {
+    Transfer *p = t->rest[i].get();
+    p->remote_use.reset(new RemoteUse(*p->remote));
+    if (!p->remote_use->ok)
+      return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu unregistered cache %lld",
+                  static_cast<unsigned long long>(p->link->remote_cluster_id), static_cast<long long>(p->remote->id));
+    st = ExecuteOne(p, pull);
+    p->remote_use.reset();
+  }
+  return st;
+}
+
+Status Impl::ExecuteOne(Transfer *t, bool pull) {
   CacheUse use(*t->local);
   if (!use.ok) return Fail(LLM_KV_CACHE_NOT_EXIST, "local cache %lld was unregistered", static_cast<long long>(t->local->id));
   const Status st = t->remote->path->Execute(t->plan, *t->local, pull, t->deadline);

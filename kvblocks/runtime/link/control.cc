@@ -79,6 +79,8 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
       }
     } else if (h.type == kReverseRefused && !link->opener) {
       link->ReverseRefused();
+    } else if (h.type == kNotify || h.type == kNotifyAck) {
+      OnNotify(link, h.type, payload);
     }
   }
   // The peer closed the control connection (exit, crash, unlink or finalize): the link is gone.

@@ -62,6 +62,9 @@ struct Link {
   bool one_sided = false;  // some cache is reached without the peer (memcpy, CMA)
   std::map<int64_t, RemoteCache> caches;
   ChannelOpener open_channel;  // opener side: connects and authenticates one more channel
+  // Address-based transfers (engine/ranges.cc): `caches` sorted by announced address, built once.
+  std::once_flag by_addr_once;
+  std::vector<std::pair<uint64_t, const RemoteCache *>> by_addr;
 
   std::mutex mu;  // guards the fields below
   std::condition_variable cv;
@@ -75,6 +78,8 @@ struct Link {
   bool linked_by_us = false;  // LinkLlmClusters returned success for it here (else: accepted only)
   bool unlink_acked = false;  // UNLINK_ACK, or the peer's own UNLINK
   std::set<int64_t> gone_acked;  // our cache ids the peer confirmed it stopped using
+  uint64_t notify_seq = 0;                    // NOTIFYs we sent
+  std::map<uint64_t, uint32_t> notify_acks;  // their NOTIFY_ACK statuses, until the sender takes them
   std::mutex ctrl_write_mu;
 
   void AddFd(int fd);

@@ -216,4 +216,31 @@ bool Decode(const std::string &in, XferRequest *m) {
   });
 }
 
+void Encode(const Notify &m, std::string *out) {
+  Writer w;
+  w.Put<uint64_t>(m.seq);
+  w.Put<uint32_t>(m.status);
+  w.Put<uint32_t>(static_cast<uint32_t>(m.name.size()));
+  w.Put<uint32_t>(static_cast<uint32_t>(m.message.size()));
+  w.PutBytes(m.name.data(), m.name.size());
+  w.PutBytes(m.message.data(), m.message.size());
+  *out = std::move(w.buf);
+}
+
+bool Decode(const std::string &in, Notify *m) {
+  return DecodeAll(in, [&](Reader *r) {
+    m->seq = r->Get<uint64_t>();
+    m->status = r->Get<uint32_t>();
+    const uint32_t nl = r->Get<uint32_t>(), ml = r->Get<uint32_t>();
+    if (!r->ok || nl > kMaxNotifyName || ml > kMaxNotifyMessage || r->left() != uint64_t{nl} + ml) {
+      r->ok = false;
+      return;
+    }
+    m->name.assign(reinterpret_cast<const char *>(r->p + r->off), nl);
+    m->message.assign(reinterpret_cast<const char *>(r->p + r->off + nl), ml);
+    r->Skip(uint64_t{nl} + ml);
+  });
+}
+
+
 }  // namespace kvblocks

@@ -29,6 +29,8 @@ enum FrameType : uint16_t {
   kCacheGone = 13,     // unregistered: stop using it one-sided
   kCacheGoneAck = 14,
   kReverseRefused = 15,  // the opener will not open the requested reverse channel
+  kNotify = 16,          // control: a user notification (Notify), answered with kNotifyAck
+  kNotifyAck = 17,       // control: Notify with the same seq and the receiver's status, no text
   kReadReq = 20,
   kReadResp = 21,
   kWriteReq = 22,
@@ -121,6 +123,16 @@ struct CacheRef {  // CACHE_GONE and CACHE_GONE_ACK
   int64_t cache_id = 0;
 };
 
+// NOTIFY and NOTIFY_ACK: a user notification on the control connection. It follows every transfer
+// the sender finished before it; the ack says whether the receiver queued it (status LLM_SUCCESS, or
+// LLM_LINK_BUSY when its queue is full). Name and message are at most kMaxNotifyName and
+// kMaxNotifyMessage bytes; the decoder refuses longer ones.
+struct Notify {
+  uint64_t seq = 0;     // the sender's, echoed by the ack
+  uint32_t status = 0;  // ack only
+  std::string name, message;
+};
+
 struct ByteRange {
   uint64_t offset = 0, length = 0;
 };
@@ -143,6 +155,7 @@ void Encode(const Bind &m, std::string *out);
 void Encode(const Confirm &m, std::string *out);
 void Encode(const CacheRef &m, std::string *out);
 void Encode(const XferRequest &m, std::string *out);
+void Encode(const Notify &m, std::string *out);
 
 bool Decode(const std::string &in, Hello *m);  // false also for another protocol version
 bool Decode(const std::string &in, Challenge *m);
@@ -152,6 +165,7 @@ bool Decode(const std::string &in, Bind *m);
 bool Decode(const std::string &in, Confirm *m);
 bool Decode(const std::string &in, CacheRef *m);
 bool Decode(const std::string &in, XferRequest *m);
+bool Decode(const std::string &in, Notify *m);
 
 }  // namespace kvblocks
 

@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: Apache-2.0
+// What a transfer holds while its bytes move (shared by transfer.cc, ranges.cc and async.cc).
+#ifndef KVBLOCKS_RUNTIME_ENGINE_TRANSFER_H_
+#define KVBLOCKS_RUNTIME_ENGINE_TRANSFER_H_
+
+#include <memory>
+#include <shared_mutex>
+#include <vector>
+
+#include "engine/engine.h"
+#include "link/link.h"
+#include "plan/plan.h"
+
+namespace kvblocks {
+
+struct Transfer {
+  std::shared_lock<std::shared_mutex> state;
+  int64_t deadline = 0;
+  std::shared_ptr<CacheEntry> local;
+  std::shared_ptr<struct Link> link;
+  const RemoteCache *remote = nullptr;
+  std::unique_ptr<RemoteUse> remote_use;
+  Plan plan;
+  // Address-based transfers (ranges.cc) touch several (local, remote) cache pairs: one plan each.
+  // They run after this one, in order, on the same link and deadline; they hold no engine lock.
+  std::vector<TransferPtr> rest;
+};
+
+}  // namespace kvblocks
+
+#endif  // KVBLOCKS_RUNTIME_ENGINE_TRANSFER_H_
