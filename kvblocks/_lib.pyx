@@ -529,6 +529,34 @@ cdef class LlmDataDist:
         """
         return _submit_batch(self, requests, False)
 
+    # ---------------------------------------------------------------- layer-wise push
+    def open_layer_push(self, src_cache, CacheIndex dst_index not None, src_blocks, dst_blocks,
+                        tensor_num_per_layer=2):
+        """Opens a layer-wise push of ``src_blocks[i]`` into the peer's ``dst_blocks[i]``: the
+        arguments of :meth:`push_kv_blocks` without the layer ranges (layer ``l`` goes to remote
+        layer ``l``). Returns a :class:`LayerPush`; call its ``layer_ready(l)`` as each layer is
+        computed and ``finish()`` at the end. Each ready layer is sent while later layers are still
+        being computed. The deadline ``llm.SyncKvCacheWaitTime`` covers all layers, from this call.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A block list is not a sequence of non-negative integers, or ``tensor_num_per_layer``
+            is not an int in [1, 255].
+        ParamInvalidError
+            As :meth:`push_kv_blocks`: empty or unequal lists, an index out of range, a tensor count
+            ``tensor_num_per_layer`` does not divide, the wrong role or placement; nothing moves.
+        CacheNotExistError
+            The local or remote cache id is unknown.
+        LinkError
+            Not linked to ``dst_index.cluster_id``.
+        """
+        return _open_layer_push(self, src_cache, dst_index, src_blocks, dst_blocks, tensor_num_per_layer)
+
+    def _open_layer_push_pieces(self, src_cache, uint64_t dst_cluster_id, uint32_t num_layers, pieces,
+                                bint per_layer_deadline=False):
+        return _open_layer_push_pieces(self, src_cache, dst_cluster_id, num_layers, pieces, per_layer_deadline)
+
     # ---------------------------------------------------------------- introspection
     def link_path(self, uint64_t cluster_id):
         """Data path towards a linked peer: ``"inprocess"``, ``"shm"``, ``"cma"``, ``"shm+cma"``,
@@ -600,3 +628,4 @@ cdef Status push_blocks_nogil(CLlmDataDist* dd, int64_t src_cache_id, uint32_t s
 
 
 include "_async.pxi"
+include "_layerwise.pxi"

@@ -11,6 +11,7 @@
 
 #include "kvblocks/async.h"
 #include "kvblocks/error.h"
+#include "kvblocks/layerwise.h"
 #include "llm_datadist/llm_datadist.h"
 
 namespace kvblocks {
@@ -66,6 +67,23 @@ struct KVBLOCKS_API ImplAccess {
   static llm_datadist::Status SubmitBlocksBatch(llm_datadist::LlmDataDist &dd,
                                                 const std::vector<BlocksRequest> &requests,
                                                 std::vector<TransferHandle> &out, size_t &failed) noexcept;
+
+  // Layer-wise push (include/kvblocks/layerwise.h): the arguments of PushKvBlocks without the layer
+  // ranges; every layer (num_tensors / tensor_num_per_layer of them) goes to the same remote layer.
+  // Every check of PushKvBlocks runs here, with its statuses; on LLM_SUCCESS `out` is open and its
+  // deadline (llm.SyncKvCacheWaitTime) runs from this call. On a failure nothing moves.
+  static llm_datadist::Status OpenLayerPush(llm_datadist::LlmDataDist &dd, const llm_datadist::Cache &src_cache,
+                                            const llm_datadist::CacheIndex &dst_cache_index,
+                                            const std::vector<uint64_t> &src_blocks,
+                                            const std::vector<uint64_t> &dst_blocks, uint8_t tensor_num_per_layer,
+                                            LayerPush &out) noexcept;
+  // A layer-wise push of arbitrary pieces to one peer (CANN's transfer_cache_async). Each piece is
+  // checked against both cache tables here. per_layer_deadline: each layer's deadline runs from its
+  // LayerReady call (CANN's per-layer TransferCache) instead of from the open.
+  static llm_datadist::Status OpenLayerPushPieces(llm_datadist::LlmDataDist &dd, const llm_datadist::Cache &src_cache,
+                                                  uint64_t dst_cluster_id, uint32_t num_layers,
+                                                  const std::vector<LayerPiece> &pieces, bool per_layer_deadline,
+                                                  LayerPush &out) noexcept;
 };
 
 }  // namespace kvblocks

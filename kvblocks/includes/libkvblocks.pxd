@@ -178,6 +178,35 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
                                                              const CKvCacheExtParam& ext,
                                                              CTransferHandle& out) noexcept
 
+    cdef cppclass CLayerPush "kvblocks::LayerPush":
+        CLayerPush()
+        c_bool Valid() noexcept
+        uint32_t NumLayers() noexcept
+        Status LayerReady(uint32_t layer) noexcept
+        Status Finish(int64_t timeout_ms) noexcept
+        Status Abort() noexcept
+        c_bool Done() noexcept
+        Status GetStatus "Status"() noexcept
+        uint32_t LayersSent() noexcept
+        const char* Message() noexcept
+
+    Status OpenLayerPushRaw "kvblocks::OpenLayerPushRaw"(CLlmDataDist& dd, const CCache& src, const CCacheIndex& dst,
+                                                         const uint64_t* sb, const uint64_t* db, size_t n,
+                                                         uint8_t tnpl, CLayerPush& out) noexcept
+
+    cdef cppclass CLayerSegment "kvblocks::LayerSegment":
+        uint64_t src_off
+        uint64_t dst_off
+        uint64_t len
+
+    cdef cppclass CLayerPiece "kvblocks::LayerPiece":
+        uint32_t layer
+        uint32_t src_tensor
+        int64_t dst_cache_id
+        uint32_t dst_tensor
+        uint64_t dst_addr
+        vector[CLayerSegment] segs
+
     cdef enum class CCacheKind "kvblocks::CacheKind"(uint8_t):
         kMix
         kBlocks
@@ -206,3 +235,11 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         @staticmethod
         Status SubmitBlocksBatch(CLlmDataDist& dd, const vector[CBlocksRequest]& requests,
                                  vector[CTransferHandle]& out, size_t& failed) noexcept
+        @staticmethod
+        Status OpenLayerPush(CLlmDataDist& dd, const CCache& src, const CCacheIndex& dst,
+                             const vector[uint64_t]& src_blocks, const vector[uint64_t]& dst_blocks,
+                             uint8_t tensor_num_per_layer, CLayerPush& out) noexcept
+        @staticmethod
+        Status OpenLayerPushPieces(CLlmDataDist& dd, const CCache& src, uint64_t dst_cluster_id,
+                                   uint32_t num_layers, const vector[CLayerPiece]& pieces,
+                                   c_bool per_layer_deadline, CLayerPush& out) noexcept

@@ -195,3 +195,25 @@ Status ImplAccess::SubmitBlocksBatch(llm_datadist::LlmDataDist &dd, const std::v
 }
 
 }  // namespace kvblocks
+
+// ------------------------------------------------------------------ layer-wise pushes
+namespace kvblocks {
+
+Status ImplAccess::OpenLayerPush(llm_datadist::LlmDataDist &dd, const Cache &src_cache,
+                                 const CacheIndex &dst_cache_index, const std::vector<uint64_t> &src_blocks,
+                                 const std::vector<uint64_t> &dst_blocks, uint8_t tensor_num_per_layer,
+                                 LayerPush &out) noexcept {
+  return llm_datadist::Guard([&] {
+    return dd.impl_->OpenLayerPush(src_cache, dst_cache_index, src_blocks, dst_blocks, tensor_num_per_layer, &out);
+  });
+}
+
+Status ImplAccess::OpenLayerPushPieces(llm_datadist::LlmDataDist &dd, const Cache &src_cache, uint64_t dst_cluster_id,
+                                       uint32_t num_layers, const std::vector<LayerPiece> &pieces,
+                                       bool per_layer_deadline, LayerPush &out) noexcept {
+  return llm_datadist::Guard([&] {
+    return dd.impl_->OpenLayerPushPieces(src_cache, dst_cluster_id, num_layers, pieces, per_layer_deadline, &out);
+  });
+}
+
+}  // namespace kvblocks
