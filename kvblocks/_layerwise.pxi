@@ -95,6 +95,14 @@ cdef class LayerPush:
             st = self._p.Abort()
         return _status(st)
 
+    def drain(self):
+        """Waits (GIL released) until the layers made ready so far have landed, or the push ended.
+        The push stays open. Returns None while open, else its final :class:`Status`. Raises nothing."""
+        cdef Status st
+        with nogil:
+            st = self._p.Drain()
+        return None if st == LLM_WAIT_PROC_TIMEOUT else _status(st)
+
     def done(self):
         """True once the push ended (every layer landed, failed, or aborted) and nothing is in flight."""
         return self._p.Done()

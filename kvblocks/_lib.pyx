@@ -563,8 +563,21 @@ cdef class LlmDataDist:
         ``"tcp"``, or ``""`` when not linked."""
         return ImplAccess.LinkPath(self._impl.get()[0], cluster_id).decode()
 
+    def _has_links(self):
+        return ImplAccess.HasLinks(self._impl.get()[0])
+
     def _link_channels(self, uint64_t cluster_id):
         return ImplAccess.LinkChannels(self._impl.get()[0], cluster_id)
+
+    def _describe_remote_cache(self, uint64_t cluster_id, int64_t cache_id):
+        """The peer's cache as announced at link time: a dict of num_tensors, tensor_bytes,
+        num_blocks, batch_size, stride, key and addrs. Raises LinkError / CacheNotExistError."""
+        cdef CRemoteCacheInfo info
+        cdef Status st = ImplAccess.DescribeRemoteCache(self._impl.get()[0], cluster_id, cache_id, info)
+        check_status(st, b"describe_remote_cache")
+        return {"cache_id": info.cache_id, "key": info.key, "num_tensors": info.num_tensors,
+                "tensor_bytes": info.tensor_bytes, "num_blocks": info.num_blocks, "batch_size": info.batch_size,
+                "stride": info.stride, "addrs": list(info.addrs)}
 
     def _find_remote_cache(self, uint64_t cluster_id, int64_t key):
         cdef int64_t cid = -1

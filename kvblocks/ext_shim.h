@@ -36,6 +36,7 @@ class LayerPush {
   llm_datadist::Status LayerReady(uint32_t) noexcept { return llm_datadist::LLM_FEATURE_NOT_ENABLED; }
   llm_datadist::Status Finish(int64_t = -1) noexcept { return llm_datadist::LLM_FEATURE_NOT_ENABLED; }
   llm_datadist::Status Abort() noexcept { return llm_datadist::LLM_FEATURE_NOT_ENABLED; }
+  llm_datadist::Status Drain() noexcept { return llm_datadist::LLM_FEATURE_NOT_ENABLED; }
   bool Done() const noexcept { return true; }
   llm_datadist::Status Status() const noexcept { return llm_datadist::LLM_FEATURE_NOT_ENABLED; }
   uint32_t LayersSent() const noexcept { return 0; }
@@ -60,6 +61,13 @@ struct BlocksRequest {
   std::vector<uint64_t> dst_blocks;
   llm_datadist::KvCacheExtParam ext;
 };
+struct RemoteCacheInfo {
+  int64_t cache_id = 0;
+  int64_t key = -1;
+  uint32_t num_tensors = 0;
+  uint64_t tensor_bytes = 0, num_blocks = 0, batch_size = 0, stride = 0;
+  std::vector<uint64_t> addrs;
+};
 struct ImplAccess {
   static llm_datadist::Status AddCache(llm_datadist::LlmDataDist &dd, const llm_datadist::CacheDesc &desc,
                                        const std::vector<uint64_t> &addrs, CacheKind kind, int64_t key,
@@ -76,9 +84,13 @@ struct ImplAccess {
   static llm_datadist::Status FindRemoteCache(llm_datadist::LlmDataDist &, uint64_t, int64_t, int64_t &) {
     return llm_datadist::LLM_FEATURE_NOT_ENABLED;
   }
+  static llm_datadist::Status DescribeRemoteCache(llm_datadist::LlmDataDist &, uint64_t, int64_t, RemoteCacheInfo &) {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
   static std::string LinkPath(llm_datadist::LlmDataDist &, uint64_t) { return "cann"; }
   static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &, int64_t) { return nullptr; }
   static int LinkChannels(llm_datadist::LlmDataDist &, uint64_t) { return 0; }
+  static bool HasLinks(llm_datadist::LlmDataDist &) { return false; }
   static llm_datadist::Status PullKvBlocksAsync(llm_datadist::LlmDataDist &, const llm_datadist::CacheIndex &,
                                                 const llm_datadist::Cache &, const std::vector<uint64_t> &,
                                                 const std::vector<uint64_t> &, const llm_datadist::KvCacheExtParam &,

@@ -28,6 +28,15 @@ enum class CacheKind : uint8_t { kMix = 0, kBlocks = 1, kCache = 2 };
 // Data path of a link, as chosen at link time.
 enum class PathKind : uint8_t { kNone = 0, kInProcess = 1, kSharedMemory = 2, kTcp = 3 };
 
+// A peer's cache as announced in its link-time table (what CANN's remote-accessible mode reads).
+struct RemoteCacheInfo {
+  int64_t cache_id = 0;
+  int64_t key = -1;
+  uint32_t num_tensors = 0;
+  uint64_t tensor_bytes = 0, num_blocks = 0, batch_size = 0, stride = 0;
+  std::vector<uint64_t> addrs;
+};
+
 struct KVBLOCKS_API ImplAccess {
   // Registers (addrs non-empty) or allocates (addrs empty) a cache of the given kind;
   // `key` >= 0 tags it for lookup by peers (CANN's BlocksCacheKey.model_id).
@@ -37,11 +46,16 @@ struct KVBLOCKS_API ImplAccess {
   // Cache id of the peer's cache tagged `key` (from the link-time table), or LLM_KV_CACHE_NOT_EXIST.
   static llm_datadist::Status FindRemoteCache(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t key,
                                               int64_t &cache_id);
+  // The peer's cache `cache_id` (from the link-time table), or LLM_NOT_YET_LINK / LLM_KV_CACHE_NOT_EXIST.
+  static llm_datadist::Status DescribeRemoteCache(llm_datadist::LlmDataDist &dd, uint64_t cluster_id,
+                                                  int64_t cache_id, RemoteCacheInfo &out);
   // Path used towards a linked peer: "inprocess", "shm", "cma", "tcp" or "" when not linked.
   static std::string LinkPath(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept;
   // Keeps the memory of an allocated cache mapped while the returned handle lives (null for
   // registered memory, which the caller owns).
   static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &dd, int64_t cache_id) noexcept;
+  // True while this engine has a link (made or accepted) to any peer.
+  static bool HasLinks(llm_datadist::LlmDataDist &dd) noexcept;
   // Number of data channels currently open towards a peer (tests and introspection).
   static int LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept;
 

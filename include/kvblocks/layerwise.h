@@ -39,6 +39,9 @@ class KVBLOCKS_API LayerPush {
   // ended, so no byte of the destination changes afterwards. The status becomes LLM_FAILED unless
   // the push had already ended.
   llm_datadist::Status Abort() noexcept;
+  // Waits until the layers made ready so far have been sent (or the push ended) and nothing is in
+  // flight; the push stays open. Returns its status (LLM_WAIT_PROC_TIMEOUT while open).
+  llm_datadist::Status Drain() noexcept;
   // True once no layer is queued or in flight and the push has ended (all sent, failed, aborted).
   bool Done() const noexcept;
   // The push's status once Done(); LLM_WAIT_PROC_TIMEOUT while it is open.

@@ -185,6 +185,7 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         Status LayerReady(uint32_t layer) noexcept
         Status Finish(int64_t timeout_ms) noexcept
         Status Abort() noexcept
+        Status Drain() noexcept
         c_bool Done() noexcept
         Status GetStatus "Status"() noexcept
         uint32_t LayersSent() noexcept
@@ -212,6 +213,16 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         kBlocks
         kCache
 
+    cdef cppclass CRemoteCacheInfo "kvblocks::RemoteCacheInfo":
+        int64_t cache_id
+        int64_t key
+        uint32_t num_tensors
+        uint64_t tensor_bytes
+        uint64_t num_blocks
+        uint64_t batch_size
+        uint64_t stride
+        vector[uint64_t] addrs
+
     cdef cppclass ImplAccess "kvblocks::ImplAccess":
         @staticmethod
         Status AddCache(CLlmDataDist& dd, const CCacheDesc& desc, const vector[uint64_t]& addrs,
@@ -219,11 +230,15 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         @staticmethod
         Status FindRemoteCache(CLlmDataDist& dd, uint64_t cluster_id, int64_t key, int64_t& cache_id)
         @staticmethod
+        Status DescribeRemoteCache(CLlmDataDist& dd, uint64_t cluster_id, int64_t cache_id, CRemoteCacheInfo& out)
+        @staticmethod
         c_string LinkPath(CLlmDataDist& dd, uint64_t cluster_id) except +
         @staticmethod
         shared_ptr[void] PinCacheMemory(CLlmDataDist& dd, int64_t cache_id)
         @staticmethod
         int LinkChannels(CLlmDataDist& dd, uint64_t cluster_id)
+        @staticmethod
+        c_bool HasLinks(CLlmDataDist& dd)
         @staticmethod
         Status PullKvBlocksAsync(CLlmDataDist& dd, const CCacheIndex& src, const CCache& dst,
                                  const vector[uint64_t]& src_blocks, const vector[uint64_t]& dst_blocks,

@@ -113,6 +113,10 @@ Status ImplAccess::FindRemoteCache(llm_datadist::LlmDataDist &dd, uint64_t clust
                                    int64_t &cache_id) {
   return llm_datadist::Guard([&] { return dd.impl_->FindRemoteCache(cluster_id, key, &cache_id); });
 }
+Status ImplAccess::DescribeRemoteCache(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t cache_id,
+                                       RemoteCacheInfo &out) {
+  return llm_datadist::Guard([&] { return dd.impl_->DescribeRemoteCache(cluster_id, cache_id, &out); });
+}
 // Introspection: on an internal failure (out of memory) these report "nothing" rather than throw.
 std::string ImplAccess::LinkPath(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept {
   try {
@@ -126,6 +130,13 @@ std::shared_ptr<void> ImplAccess::PinCacheMemory(llm_datadist::LlmDataDist &dd, 
     return dd.impl_->PinCacheMemory(cache_id);
   } catch (...) {
     return nullptr;
+  }
+}
+bool ImplAccess::HasLinks(llm_datadist::LlmDataDist &dd) noexcept {
+  try {
+    return dd.impl_->HasLinks();
+  } catch (...) {
+    return false;
   }
 }
 int ImplAccess::LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept {

@@ -13,7 +13,7 @@ from kvblocks.llm_datadist._check import (
     check_isinstance,
     check_uint32,
 )
-from kvblocks.llm_datadist.configs import DataType, Placement
+from kvblocks.llm_datadist.configs import DataType, MemInfo, Memtype, Placement
 from kvblocks.llm_datadist.status import LLMException, LLMStatusCode, engine_call
 from kvblocks.llm_datadist.v2.llm_types import (
     BlocksCacheKey,
@@ -24,7 +24,9 @@ from kvblocks.llm_datadist.v2.llm_types import (
     CacheTask,
     LayerSynchronizer,
     TransferConfig,
+    TransferWithCacheKeyConfig,
 )
+from kvblocks.llm_datadist.v2 import transfer_cache as _transfer_cache
 
 if TYPE_CHECKING:
     from kvblocks.llm_datadist.v2.llm_datadist import LLMDataDist
@@ -414,15 +416,60 @@ class CacheManager:
                                              dst_cache_key.batch_index),
                               src_batch_index, size, ext)
 
-    # -- not supported ----------------------------------------------------------------------
+    # -- layer-wise push and remap ----------------------------------------------------------
     def transfer_cache_async(self, src_cache: Cache, layer_synchronizer: LayerSynchronizer,
-                             transfer_configs: Sequence[TransferConfig],
+                             transfer_configs: Sequence[Union[TransferConfig, TransferWithCacheKeyConfig]],
                              src_block_indices: Optional[List[int]] = None,
                              dst_block_indices: Optional[List[int]] = None,
                              dst_block_memory_size: Optional[int] = None) -> CacheTask:
-        raise LLMException("transfer_cache_async is not supported by kvblocks",
-                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        """Pushes ``src_cache`` layer by layer to every config's peer, overlapped with the caller's
+        compute, and returns a :class:`CacheTask` at once. A worker thread calls
+        ``layer_synchronizer.synchronize_layer(l, None)`` before layer ``l`` is sent (False ends the
+        task with LLM_PARAM_INVALID); each ready layer is sent by kvblocks' layer-wise push while the
+        next one is awaited. Without indices a layer moves one batch row (block 0 of a blocks
+        cache); ``dst_block_indices`` + ``dst_block_memory_size`` cut a contiguous row into blocks;
+        both index lists move blocks. Per-layer failures are the task's results, not exceptions.
 
-    def remap_registered_memory(self, mem_infos: Sequence[Any]) -> None:
-        raise LLMException("remap_registered_memory is not supported by kvblocks",
-                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        Raises
+        ------
+        TypeError, ValueError
+            A wrong argument type or integer range (a config type that does not match
+            ``enable_remote_cache_accessible`` included).
+        LLMException
+            LLM_PARAM_INVALID for a HOST source, inconsistent index lists or block size, an odd
+            tensor count, a layer range that does not fit, or a wrong number of ``dst_addrs``;
+            LLM_FAILED when not initialized.
+        """
+        self._engine("transfer_cache_async")
+        return _transfer_cache.check_and_start(self, src_cache, layer_synchronizer, transfer_configs,
+                                               src_block_indices, dst_block_indices, dst_block_memory_size)
+
+    def remap_registered_memory(self, mem_infos: Union[MemInfo, List[MemInfo]]) -> None:
+        """CANN re-maps NIC registrations after a device-memory error (a reserved interface there).
+        Host memory needs no remap: after CANN's checks this returns None when a link exists.
+
+        Raises
+        ------
+        LLMException
+            LLM_PARAM_INVALID when the argument is neither a MemInfo nor a list of them, a type is
+            not MEM_TYPE_DEVICE, an addr is 0, a size <= 0, or the list is empty; LLM_NOT_YET_LINK
+            without any link; LLM_FAILED when not initialized.
+        """
+        if isinstance(mem_infos, MemInfo):
+            mem_infos = [mem_infos]
+        if not isinstance(mem_infos, list):
+            raise _invalid(f"mem_infos must be a MemInfo or a list of MemInfo, got {type(mem_infos).__name__}")
+        for m in mem_infos:
+            if not isinstance(m, MemInfo):
+                raise _invalid(f"mem_infos must contain MemInfo, got {type(m).__name__}")
+            if m.mem_type != Memtype.MEM_TYPE_DEVICE:
+                raise _invalid(f"mem_type must be MEM_TYPE_DEVICE, got {m.mem_type}")
+            if not m.addr:
+                raise _invalid("addr must not be 0")
+            if m.size is None or m.size <= 0:
+                raise _invalid(f"size must be > 0, got {m.size}")
+        eng = self._engine("remap_registered_memory")
+        if not mem_infos:
+            raise _invalid("mem_infos is empty")
+        if not eng._has_links():
+            raise LLMException("[remap_registered_memory] no link exists", status_code=LLMStatusCode.LLM_NOT_YET_LINK)

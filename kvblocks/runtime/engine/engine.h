@@ -76,9 +76,11 @@ class Impl {
 
   // extensions
   Status FindRemoteCache(uint64_t cluster_id, int64_t key, int64_t *cache_id);
+  Status DescribeRemoteCache(uint64_t cluster_id, int64_t cache_id, RemoteCacheInfo *out);
   std::string LinkPath(uint64_t cluster_id);
   std::shared_ptr<void> PinCacheMemory(int64_t cache_id);
   int LinkChannels(uint64_t cluster_id);
+  bool HasLinks() const { return !links_.empty(); }
   // async.cc: asynchronous blocks transfers; every request is checked (as the synchronous call)
   // before any is submitted. `failed` is the index of the request that failed.
   Status SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *out, size_t *failed);

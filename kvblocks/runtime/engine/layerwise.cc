@@ -289,6 +289,15 @@ llm_datadist::Status LayerPush::Abort() noexcept {
   return s.status;
 }
 
+llm_datadist::Status LayerPush::Drain() noexcept {
+  ClearLastError();
+  if (!s_) return Fail(LLM_FAILED, "empty layer-wise push handle");
+  LayerPushState &s = *s_;
+  std::unique_lock<std::mutex> lk(s.mu);
+  s.cv.wait(lk, [&s] { return !s.running && (s.ended || s.head == s.tail); });
+  return s.ended ? s.status : LLM_WAIT_PROC_TIMEOUT;
+}
+
 bool LayerPush::Done() const noexcept { return !s_ || s_->done.load(std::memory_order_acquire); }
 
 llm_datadist::Status LayerPush::Status() const noexcept {

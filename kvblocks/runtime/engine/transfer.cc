@@ -452,6 +452,26 @@ Status Impl::FindRemoteCache(uint64_t cluster_id, int64_t key, int64_t *cache_id
               (long long)key);
 }
 
+Status Impl::DescribeRemoteCache(uint64_t cluster_id, int64_t cache_id, RemoteCacheInfo *out) {
+  Transfer t;
+  Status st;
+  if ((st = FindLink(&t, cluster_id)) != LLM_SUCCESS) return st;
+  auto it = t.link->caches.find(cache_id);
+  if (it == t.link->caches.end())
+    return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld (as of linking)", (unsigned long long)cluster_id,
+                (long long)cache_id);
+  const RemoteCache &rc = it->second;
+  out->cache_id = rc.id;
+  out->key = rc.key;
+  out->num_tensors = rc.num_tensors;
+  out->tensor_bytes = rc.tensor_bytes;
+  out->num_blocks = rc.num_blocks;
+  out->batch_size = rc.batch_size;
+  out->stride = rc.stride;
+  out->addrs = rc.addrs;
+  return LLM_SUCCESS;
+}
+
 std::string Impl::LinkPath(uint64_t cluster_id) {
   auto link = links_.FindAlive(cluster_id);
   return link ? link->PathName() : "";
