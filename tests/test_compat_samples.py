@@ -70,6 +70,14 @@ def test_mutual_link_pull_while_push(tmp_path):
     assert all("all data verified" in o for o in outs)
 
 
+def test_transfer_cache_async_with_a_layer_synchronizer(tmp_path):
+    # hixl.md 3.5 (transfer_cache_async_sample): the prompt pushes layer by layer, B2B, by BlocksCacheKey.
+    port = free_port()
+    outs = run_processes("transfer_cache_async_sample.py", [["--role", "prompt", "--port", port],
+                                                            ["--role", "decoder", "--port", port]], tmp_path)
+    assert "all data verified" in outs[1]
+
+
 def test_a_failing_sample_fails_the_test_at_once(tmp_path):
     # The decoder raises at start (its port is out of range); the prompt would wait 60 s for it. The
     # harness notices the exit and fails within seconds, naming the process, its exit code and error.
