@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 from . import baselines as bl
-from . import cases_async
+from . import cases_async, cases_layerwise
 from .common import (KiB, MiB, SCALE_BLOCK_BYTES, SCALE_BLOCKS, SCALE_BLOCKS_64B,
                      SCALE_FIXED_BYTES, SCALE_LAYERS, SIZES, TRANSFER_PATHS, VALIDATION_NS, Case, human_bytes)
 from .common import np as _np
@@ -274,6 +274,7 @@ def all_cases():
     for path in TRANSFER_PATHS:
         cases += _transfer_block(path)
     cases += cases_async.async_cases()
+    cases += cases_layerwise.layerwise_cases()
     scaling = _scaling_cases()
     cases += _scaling_baselines(scaling, {c.id for c in cases}) + scaling
     cases.append(_import_case("json"))

@@ -10,6 +10,7 @@ Groups (--case takes a group name or a glob over case ids, repeatable):
               random and contiguous ids, vs numpy memcpy and numpy block gather
   tcp         the same over kvblocks.Transport=tcp vs a raw socket and a raw 8-byte ping-pong
   async       pull_kv_blocks_async submission vs validation; 64 TCP pulls in flight vs in a row
+  layerwise   80-layer layer-wise push over TCP behind a simulated compute, vs serial and compute alone
   scaling     time vs bytes per call, vs blocks per call at fixed bytes, vs layers
   import      import kvblocks in a fresh interpreter
 

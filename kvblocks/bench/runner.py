@@ -15,6 +15,7 @@ SECTIONS = (("validation", "Validation: block-list checks vs a pure-Python loop"
             ("samehost", "Same host, cross-process (shm: allocated caches; cma: registered numpy arrays)"),
             ("tcp", "TCP (kvblocks.Transport=tcp) vs a raw loopback socket"),
             ("async", "Asynchronous transfers: submission vs validation, 64 in flight vs sequential"),
+            ("layerwise", "Layer-wise pipeline: 80 layers pushed behind a simulated compute (sleep)"),
             ("scaling", "Scaling (shm unless named; pull, random ids)"),
             ("import", "import kvblocks in a fresh interpreter"))
 

@@ -78,6 +78,17 @@ def _async(by, add):
             f"{r['median_s'] * 1e3:.2f} ms vs {_base_med(r, by) * 1e3:.2f} ms (interleaved)")
 
 
+def _layerwise(by, add):
+    from .cases_layerwise import LAYERS, hidden_fraction
+
+    c, s, p = (by.get(f"layerwise/{k}-{LAYERS}") for k in ("compute", "serial", "pipeline"))
+    if c and s and p:
+        v = hidden_fraction(c["median_s"], s["median_s"], p["median_s"])
+        add("layer-wise pipeline hides transfer time", f"{v * 100:.0f} %", ">= 80 %", v >= 0.8,
+            f"pipeline {p['median_s'] * 1e3:.1f} ms vs serial {s['median_s'] * 1e3:.1f} ms vs compute alone "
+            f"{c['median_s'] * 1e3:.1f} ms (medians, interleaved rounds)")
+
+
 def targets(rows, peer_rows):
     """[{"target", "value", "goal", "ok", "detail"}] for every target whose rows were measured.
     Raises nothing."""
@@ -92,4 +103,5 @@ def targets(rows, peer_rows):
     _tcp(by, add)
     _inprocess(by, add)
     _async(by, add)
+    _layerwise(by, add)
     return out
