@@ -563,6 +563,34 @@ cdef class LlmDataDist:
         ``"tcp"``, or ``""`` when not linked."""
         return ImplAccess.LinkPath(self._impl.get()[0], cluster_id).decode()
 
+    def _set_batch_keys(self, cache, keys):
+        cdef vector[int64_t] ks = keys
+        cdef Status st = ImplAccess.SetBatchKeys(self._impl.get()[0], _cache_id(cache), ks)
+        check_status(st, b"set_batch_keys")
+
+    def _find_remote_key(self, uint64_t cluster_id, int64_t key):
+        """(cache id, batch index) of the peer's cache row bound to ``key``. Raises LinkError /
+        CacheNotExistError."""
+        cdef int64_t cid = -1
+        cdef uint32_t bi = 0
+        cdef Status st = ImplAccess.FindRemoteKey(self._impl.get()[0], cluster_id, key, cid, bi)
+        check_status(st, b"find_remote_key")
+        return cid, bi
+
+    def _pull_row_to_blocks(self, CacheIndex src_index not None, dst_cache, dst_blocks,
+                            KvCacheExtParam ext_param=None):
+        """Pulls batch row ``src_index.batch_index`` of the peer's contiguous cache into local blocks:
+        chunk j (one local block) lands in ``dst_blocks[j]``. Raises as :meth:`pull_kv_blocks`."""
+        cdef vector[uint64_t] dst
+        _as_blocks(dst_blocks, dst, "dst_blocks")
+        cdef CCache c
+        c.cache_id = _cache_id(dst_cache)
+        cdef const CKvCacheExtParam* ext = &_DEFAULT_EXT._c if ext_param is None else &ext_param._c
+        cdef Status st
+        with nogil:
+            st = ImplAccess.PullRowToBlocks(self._impl.get()[0], src_index._c, c, dst, ext[0])
+        check_status(st, b"pull_blocks")
+
     def _has_links(self):
         return ImplAccess.HasLinks(self._impl.get()[0])
 
@@ -575,7 +603,8 @@ cdef class LlmDataDist:
         cdef CRemoteCacheInfo info
         cdef Status st = ImplAccess.DescribeRemoteCache(self._impl.get()[0], cluster_id, cache_id, info)
         check_status(st, b"describe_remote_cache")
-        return {"cache_id": info.cache_id, "key": info.key, "num_tensors": info.num_tensors,
+        return {"cache_id": info.cache_id, "key": info.key, "allocated": info.allocated,
+                "batch_keys": list(info.batch_keys), "num_tensors": info.num_tensors,
                 "tensor_bytes": info.tensor_bytes, "num_blocks": info.num_blocks, "batch_size": info.batch_size,
                 "stride": info.stride, "addrs": list(info.addrs)}
 

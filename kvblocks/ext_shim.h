@@ -64,6 +64,8 @@ struct BlocksRequest {
 struct RemoteCacheInfo {
   int64_t cache_id = 0;
   int64_t key = -1;
+  bool allocated = false;
+  std::vector<int64_t> batch_keys;
   uint32_t num_tensors = 0;
   uint64_t tensor_bytes = 0, num_blocks = 0, batch_size = 0, stride = 0;
   std::vector<uint64_t> addrs;
@@ -91,6 +93,18 @@ struct ImplAccess {
   static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &, int64_t) { return nullptr; }
   static int LinkChannels(llm_datadist::LlmDataDist &, uint64_t) { return 0; }
   static bool HasLinks(llm_datadist::LlmDataDist &) { return false; }
+  static llm_datadist::Status SetBatchKeys(llm_datadist::LlmDataDist &, int64_t, const std::vector<int64_t> &) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static llm_datadist::Status FindRemoteKey(llm_datadist::LlmDataDist &, uint64_t, int64_t, int64_t &,
+                                            uint32_t &) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static llm_datadist::Status PullRowToBlocks(llm_datadist::LlmDataDist &, const llm_datadist::CacheIndex &,
+                                              const llm_datadist::Cache &, const std::vector<uint64_t> &,
+                                              const llm_datadist::KvCacheExtParam &) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
   static llm_datadist::Status PullKvBlocksAsync(llm_datadist::LlmDataDist &, const llm_datadist::CacheIndex &,
                                                 const llm_datadist::Cache &, const std::vector<uint64_t> &,
                                                 const std::vector<uint64_t> &, const llm_datadist::KvCacheExtParam &,

@@ -32,6 +32,8 @@ enum class PathKind : uint8_t { kNone = 0, kInProcess = 1, kSharedMemory = 2, kT
 struct RemoteCacheInfo {
   int64_t cache_id = 0;
   int64_t key = -1;
+  bool allocated = false;  // allocated by the peer's runtime (not user memory it registered)
+  std::vector<int64_t> batch_keys;
   uint32_t num_tensors = 0;
   uint64_t tensor_bytes = 0, num_blocks = 0, batch_size = 0, stride = 0;
   std::vector<uint64_t> addrs;
@@ -54,6 +56,20 @@ struct KVBLOCKS_API ImplAccess {
   // Keeps the memory of an allocated cache mapped while the returned handle lives (null for
   // registered memory, which the caller owns).
   static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &dd, int64_t cache_id) noexcept;
+  // Binds keys[i] to batch index i of a local cache (-1 leaves an index unbound); peers see them in
+  // the cache table from their next link on. LLM_PARAM_INVALID for more keys than batch rows.
+  static llm_datadist::Status SetBatchKeys(llm_datadist::LlmDataDist &dd, int64_t cache_id,
+                                           const std::vector<int64_t> &keys) noexcept;
+  // The peer's cache and batch index bound to `key` (batch keys first, then a cache's own key at
+  // batch 0), or LLM_NOT_YET_LINK / LLM_KV_CACHE_NOT_EXIST.
+  static llm_datadist::Status FindRemoteKey(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t key,
+                                            int64_t &cache_id, uint32_t &batch_index) noexcept;
+  // CANN's pull_blocks from a contiguous cache: batch row src.batch_index of the peer's cache is
+  // cut into local-block-sized chunks and chunk j lands in dst_blocks[j] (the last may be short),
+  // in every selected tensor. Checked as PullKvBlocks, before any byte moves.
+  static llm_datadist::Status PullRowToBlocks(llm_datadist::LlmDataDist &dd, const llm_datadist::CacheIndex &src,
+                                              const llm_datadist::Cache &dst, const std::vector<uint64_t> &dst_blocks,
+                                              const llm_datadist::KvCacheExtParam &ext) noexcept;
   // True while this engine has a link (made or accepted) to any peer.
   static bool HasLinks(llm_datadist::LlmDataDist &dd) noexcept;
   // Number of data channels currently open towards a peer (tests and introspection).

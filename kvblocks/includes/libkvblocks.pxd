@@ -216,6 +216,8 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
     cdef cppclass CRemoteCacheInfo "kvblocks::RemoteCacheInfo":
         int64_t cache_id
         int64_t key
+        c_bool allocated
+        vector[int64_t] batch_keys
         uint32_t num_tensors
         uint64_t tensor_bytes
         uint64_t num_blocks
@@ -239,6 +241,14 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         int LinkChannels(CLlmDataDist& dd, uint64_t cluster_id)
         @staticmethod
         c_bool HasLinks(CLlmDataDist& dd)
+        @staticmethod
+        Status SetBatchKeys(CLlmDataDist& dd, int64_t cache_id, const vector[int64_t]& keys) noexcept
+        @staticmethod
+        Status FindRemoteKey(CLlmDataDist& dd, uint64_t cluster_id, int64_t key, int64_t& cache_id,
+                             uint32_t& batch_index) noexcept
+        @staticmethod
+        Status PullRowToBlocks(CLlmDataDist& dd, const CCacheIndex& src, const CCache& dst,
+                               const vector[uint64_t]& dst_blocks, const CKvCacheExtParam& ext) noexcept
         @staticmethod
         Status PullKvBlocksAsync(CLlmDataDist& dd, const CCacheIndex& src, const CCache& dst,
                                  const vector[uint64_t]& src_blocks, const vector[uint64_t]& dst_blocks,

@@ -132,6 +132,17 @@ std::shared_ptr<void> ImplAccess::PinCacheMemory(llm_datadist::LlmDataDist &dd, 
     return nullptr;
   }
 }
+Status ImplAccess::SetBatchKeys(llm_datadist::LlmDataDist &dd, int64_t cache_id, const std::vector<int64_t> &keys) noexcept {
+  return llm_datadist::Guard([&] { return dd.impl_->SetBatchKeys(cache_id, keys); });
+}
+Status ImplAccess::FindRemoteKey(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t key, int64_t &cache_id,
+                                 uint32_t &batch_index) noexcept {
+  return llm_datadist::Guard([&] { return dd.impl_->FindRemoteKey(cluster_id, key, &cache_id, &batch_index); });
+}
+Status ImplAccess::PullRowToBlocks(llm_datadist::LlmDataDist &dd, const CacheIndex &src, const Cache &dst,
+                                   const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext) noexcept {
+  return llm_datadist::Guard([&] { return dd.impl_->PullRowToBlocks(src, dst, dst_blocks, ext); });
+}
 bool ImplAccess::HasLinks(llm_datadist::LlmDataDist &dd) noexcept {
   try {
     return dd.impl_->HasLinks();

@@ -469,7 +469,66 @@ Status Impl::DescribeRemoteCache(uint64_t cluster_id, int64_t cache_id, RemoteCa
   out->batch_size = rc.batch_size;
   out->stride = rc.stride;
   out->addrs = rc.addrs;
+  out->allocated = rc.has_memfd;
+  out->batch_keys = rc.batch_keys;
   return LLM_SUCCESS;
+}
+
+Status Impl::FindRemoteKey(uint64_t cluster_id, int64_t key, int64_t *cache_id, uint32_t *batch_index) {
+  Transfer t;
+  Status st;
+  if ((st = FindLink(&t, cluster_id)) != LLM_SUCCESS) return st;
+  for (const auto &kv : t.link->caches)
+    for (size_t b = 0; b < kv.second.batch_keys.size(); ++b)
+      if (key >= 0 && kv.second.batch_keys[b] == key) {
+        *cache_id = kv.first;
+        *batch_index = static_cast<uint32_t>(b);
+        return LLM_SUCCESS;
+      }
+  for (const auto &kv : t.link->caches)
+    if (kv.second.key == key) {
+      *cache_id = kv.first;
+      *batch_index = 0;
+      return LLM_SUCCESS;
+    }
+  return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache with key %lld", (unsigned long long)cluster_id,
+              (long long)key);
+}
+
+// Row src.batch_index of a contiguous remote cache, cut into local blocks: chunk j -> dst_blocks[j].
+Status Impl::PullRowToBlocks(const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &dst_blocks,
+                             const KvCacheExtParam &ext) {
+  Transfer t;
+  Status st;
+  if ((st = Begin(&t, true)) != LLM_SUCCESS) return st;
+  if ((st = CheckPullRanges(ext)) != LLM_SUCCESS) return st;
+  if (dst_blocks.empty()) return Fail(LLM_PARAM_INVALID, "dst_blocks is empty");
+  if (src.cluster_id == cluster_id_) return Fail(LLM_PARAM_INVALID, "src_index.cluster_id is this engine's own");
+  if ((st = FindLocal(&t, dst.cache_id)) != LLM_SUCCESS) return st;
+  const CacheEntry &lc = *t.local;
+  if (lc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "local cache %lld holds batches, not blocks", (long long)lc.id);
+  bool explicit_range;
+  TensorSpan span;
+  if ((st = PullSpan(ext, lc, &explicit_range, &span)) != LLM_SUCCESS) return st;
+  if ((st = FindLink(&t, src.cluster_id)) != LLM_SUCCESS) return st;
+  if ((st = CheckBlocks("dst_blocks", dst_blocks, lc.num_blocks, "local", lc.id)) != LLM_SUCCESS) return st;
+  if ((st = FindRemote(&t, src.cache_id)) != LLM_SUCCESS) return st;
+  const RemoteCache &rc = *t.remote;
+  if (rc.kind == CacheKind::kBlocks) return Fail(LLM_PARAM_INVALID, "remote cache %lld holds blocks, not batches", (long long)rc.id);
+  if ((st = CheckRemoteSpan(span, explicit_range, rc, lc.num_tensors)) != LLM_SUCCESS) return st;
+  if (src.batch_index >= rc.batch_size)
+    return Fail(LLM_KV_CACHE_NOT_EXIST, "src_index.batch_index=%u is out of range for remote cache %lld (%llu batches)",
+                src.batch_index, (long long)rc.id, (unsigned long long)rc.batch_size);
+  const uint64_t chunks = (rc.stride + lc.stride - 1) / lc.stride;
+  if (dst_blocks.size() > chunks)
+    return Fail(LLM_PARAM_INVALID, "%zu dst_blocks for a %llu-byte remote row of %llu local blocks", dst_blocks.size(),
+                (unsigned long long)rc.stride, (unsigned long long)chunks);
+  t.plan.PairTensors(span.src_begin, span.dst_begin, span.count);
+  for (size_t j = 0; j < dst_blocks.size(); ++j) {
+    const uint64_t off = j * lc.stride;
+    t.plan.AddRange(src.batch_index * rc.stride + off, dst_blocks[j] * lc.stride, std::min(lc.stride, rc.stride - off));
+  }
+  return Execute(&t, true);
 }
 
 std::string Impl::LinkPath(uint64_t cluster_id) {
