@@ -192,3 +192,8 @@ def test_pull_blocks_from_a_contiguous_cache_cuts_the_row_into_local_blocks(pair
     cm.pull_blocks(CacheKeyByIdAndIndex(P_ID, src.cache_id, 0), bc, dst_blocks=[0], src_layer_range=range(1, 2),
                    dst_layer_range=range(1, 2))
     assert np.array_equal(blocks[2][0], src.numpy(2)[0].reshape(4, 16)[0]) and not blocks[0][0].any()
+
+
+def test_cache_per_device_tensor_addrs(pair):
+    _, _, cm, local, arrays = pair
+    assert local.per_device_tensor_addrs == [[a.ctypes.data for a in arrays]] == [local.tensor_addrs]

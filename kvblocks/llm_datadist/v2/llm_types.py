@@ -137,6 +137,11 @@ class Cache:
     def is_blocks_cache(self) -> bool:
         return self._is_blocks_cache
 
+    @property
+    def per_device_tensor_addrs(self) -> List[List[int]]:
+        """CANN's per-device address lists: one device here, so ``[tensor_addrs]``."""
+        return [list(self._tensor_addrs)]
+
     @staticmethod
     def create_cpu_cache(cache_desc: CacheDesc, addrs: List[int]) -> "Cache":
         """Wraps host memory (not registered); used by ``CacheManager.swap_blocks``."""
