@@ -67,6 +67,7 @@ try:
         DataType,
         IpInfo,
         KvCacheExtParam,
+        LayerPush,
         LlmDataDist,
         LlmRole,
         TransferHandle,
@@ -102,5 +103,5 @@ __all__ = [
     "OPTION_AUTH_TOKEN", "OPTION_BUF_POOL_CFG", "OPTION_DEVICE_ID", "OPTION_ENABLE_SET_ROLE",
     "OPTION_GLOBAL_RESOURCE_CONFIG", "OPTION_LISTEN_IP_INFO", "OPTION_LOCAL_COMM_RES", "OPTION_ROLE_CHECK",
     "OPTION_SYNC_CACHE_WAIT_TIME", "OPTION_TRANSFER_BACKEND", "OPTION_TRANSPORT", "get_include",
-    "get_library_dir", "validate_blocks", "TransferHandle", "wait_all",
+    "get_library_dir", "validate_blocks", "TransferHandle", "wait_all", "LayerPush",
 ]

@@ -4,7 +4,7 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libcpp.memory cimport unique_ptr
 
-from kvblocks.includes.libkvblocks cimport CLlmDataDist, CTransferHandle, Status
+from kvblocks.includes.libkvblocks cimport CLayerPush, CLlmDataDist, CTransferHandle, Status
 
 
 cdef int check_status(Status st, const char* what) except -1 nogil
@@ -49,3 +49,22 @@ cdef Status push_blocks_async_nogil(CLlmDataDist* dd, int64_t src_cache_id, uint
                                     CTransferHandle* out) noexcept nogil
 
 cdef Status wait_transfer_nogil(const CTransferHandle* h, int64_t timeout_ms) noexcept nogil
+
+
+# Layer-wise pushes (kvblocks runtime only). open_layer_push_nogil runs every check of the push and
+# returns its status; on LLM_SUCCESS `out` is open. layer_ready_nogil queues one layer (one lock, no
+# wait); finish_layer_push_nogil waits for every layer (< 0: until the push's deadline) and returns
+# its status, or LLM_WAIT_PROC_TIMEOUT when `timeout_ms` passed first.
+cdef class LayerPush:
+    cdef CLayerPush _p
+    cdef object _dd  # the engine stays alive while the push is open
+
+
+cdef Status open_layer_push_nogil(CLlmDataDist* dd, int64_t src_cache_id, uint32_t src_num_tensors,
+                                  uint64_t dst_cluster_id, int64_t dst_cache_id, const uint64_t* src_blocks,
+                                  const uint64_t* dst_blocks, size_t n, uint8_t tensor_num_per_layer,
+                                  CLayerPush* out) noexcept nogil
+
+cdef Status layer_ready_nogil(CLayerPush* push, uint32_t layer) noexcept nogil
+
+cdef Status finish_layer_push_nogil(CLayerPush* push, int64_t timeout_ms) noexcept nogil

@@ -529,14 +529,84 @@ cdef class LlmDataDist:
         """
         return _submit_batch(self, requests, False)
 
+    # ---------------------------------------------------------------- layer-wise push
+    def open_layer_push(self, src_cache, CacheIndex dst_index not None, src_blocks, dst_blocks,
+                        tensor_num_per_layer=2):
+        """Opens a layer-wise push of ``src_blocks[i]`` into the peer's ``dst_blocks[i]``: the
+        arguments of :meth:`push_kv_blocks` without the layer ranges (layer ``l`` goes to remote
+        layer ``l``). Returns a :class:`LayerPush`; call its ``layer_ready(l)`` as each layer is
+        computed and ``finish()`` at the end. Each ready layer is sent while later layers are still
+        being computed. The deadline ``llm.SyncKvCacheWaitTime`` covers all layers, from this call.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A block list is not a sequence of non-negative integers, or ``tensor_num_per_layer``
+            is not an int in [1, 255].
+        ParamInvalidError
+            As :meth:`push_kv_blocks`: empty or unequal lists, an index out of range, a tensor count
+            ``tensor_num_per_layer`` does not divide, the wrong role or placement; nothing moves.
+        CacheNotExistError
+            The local or remote cache id is unknown.
+        LinkError
+            Not linked to ``dst_index.cluster_id``.
+        """
+        return _open_layer_push(self, src_cache, dst_index, src_blocks, dst_blocks, tensor_num_per_layer)
+
+    def _open_layer_push_pieces(self, src_cache, uint64_t dst_cluster_id, uint32_t num_layers, pieces,
+                                bint per_layer_deadline=False):
+        return _open_layer_push_pieces(self, src_cache, dst_cluster_id, num_layers, pieces, per_layer_deadline)
+
     # ---------------------------------------------------------------- introspection
     def link_path(self, uint64_t cluster_id):
         """Data path towards a linked peer: ``"inprocess"``, ``"shm"``, ``"cma"``, ``"shm+cma"``,
         ``"tcp"``, or ``""`` when not linked."""
         return ImplAccess.LinkPath(self._impl.get()[0], cluster_id).decode()
 
+    def _set_batch_keys(self, cache, keys):
+        cdef vector[int64_t] ks = keys
+        cdef Status st = ImplAccess.SetBatchKeys(self._impl.get()[0], _cache_id(cache), ks)
+        check_status(st, b"set_batch_keys")
+
+    def _find_remote_key(self, uint64_t cluster_id, int64_t key):
+        """(cache id, batch index) of the peer's cache row bound to ``key``. Raises LinkError /
+        CacheNotExistError."""
+        cdef int64_t cid = -1
+        cdef uint32_t bi = 0
+        cdef Status st = ImplAccess.FindRemoteKey(self._impl.get()[0], cluster_id, key, cid, bi)
+        check_status(st, b"find_remote_key")
+        return cid, bi
+
+    def _pull_row_to_blocks(self, CacheIndex src_index not None, dst_cache, dst_blocks,
+                            KvCacheExtParam ext_param=None):
+        """Pulls batch row ``src_index.batch_index`` of the peer's contiguous cache into local blocks:
+        chunk j (one local block) lands in ``dst_blocks[j]``. Raises as :meth:`pull_kv_blocks`."""
+        cdef vector[uint64_t] dst
+        _as_blocks(dst_blocks, dst, "dst_blocks")
+        cdef CCache c
+        c.cache_id = _cache_id(dst_cache)
+        cdef const CKvCacheExtParam* ext = &_DEFAULT_EXT._c if ext_param is None else &ext_param._c
+        cdef Status st
+        with nogil:
+            st = ImplAccess.PullRowToBlocks(self._impl.get()[0], src_index._c, c, dst, ext[0])
+        check_status(st, b"pull_blocks")
+
+    def _has_links(self):
+        return ImplAccess.HasLinks(self._impl.get()[0])
+
     def _link_channels(self, uint64_t cluster_id):
         return ImplAccess.LinkChannels(self._impl.get()[0], cluster_id)
+
+    def _describe_remote_cache(self, uint64_t cluster_id, int64_t cache_id):
+        """The peer's cache as announced at link time: a dict of num_tensors, tensor_bytes,
+        num_blocks, batch_size, stride, key and addrs. Raises LinkError / CacheNotExistError."""
+        cdef CRemoteCacheInfo info
+        cdef Status st = ImplAccess.DescribeRemoteCache(self._impl.get()[0], cluster_id, cache_id, info)
+        check_status(st, b"describe_remote_cache")
+        return {"cache_id": info.cache_id, "key": info.key, "allocated": info.allocated,
+                "batch_keys": list(info.batch_keys), "num_tensors": info.num_tensors,
+                "tensor_bytes": info.tensor_bytes, "num_blocks": info.num_blocks, "batch_size": info.batch_size,
+                "stride": info.stride, "addrs": list(info.addrs)}
 
     def _find_remote_cache(self, uint64_t cluster_id, int64_t key):
         cdef int64_t cid = -1
@@ -654,3 +724,4 @@ cdef Status push_blocks_nogil(CLlmDataDist* dd, int64_t src_cache_id, uint32_t s
 
 include "_async.pxi"
 include "_hixl.pxi"
+include "_layerwise.pxi"

@@ -28,6 +28,31 @@ class TransferHandle {
   llm_datadist::Status Status() const noexcept { return llm_datadist::LLM_FEATURE_NOT_ENABLED; }
   const char *Message() const noexcept { return ""; }
 };
+// Layer-wise pushes are a kvblocks runtime feature too.
+class LayerPush {
+ public:
+  bool Valid() const noexcept { return false; }
+  uint32_t NumLayers() const noexcept { return 0; }
+  llm_datadist::Status LayerReady(uint32_t) noexcept { return llm_datadist::LLM_FEATURE_NOT_ENABLED; }
+  llm_datadist::Status Finish(int64_t = -1) noexcept { return llm_datadist::LLM_FEATURE_NOT_ENABLED; }
+  llm_datadist::Status Abort() noexcept { return llm_datadist::LLM_FEATURE_NOT_ENABLED; }
+  llm_datadist::Status Drain() noexcept { return llm_datadist::LLM_FEATURE_NOT_ENABLED; }
+  bool Done() const noexcept { return true; }
+  llm_datadist::Status Status() const noexcept { return llm_datadist::LLM_FEATURE_NOT_ENABLED; }
+  uint32_t LayersSent() const noexcept { return 0; }
+  const char *Message() const noexcept { return ""; }
+};
+struct LayerSegment {
+  uint64_t src_off = 0, dst_off = 0, len = 0;
+};
+struct LayerPiece {
+  uint32_t layer = 0;
+  uint32_t src_tensor = 0;
+  int64_t dst_cache_id = 0;
+  uint32_t dst_tensor = 0;
+  uint64_t dst_addr = 0;
+  std::vector<LayerSegment> segs;
+};
 struct BlocksRequest {
   bool pull = true;
   llm_datadist::CacheIndex remote;
@@ -35,6 +60,15 @@ struct BlocksRequest {
   std::vector<uint64_t> src_blocks;
   std::vector<uint64_t> dst_blocks;
   llm_datadist::KvCacheExtParam ext;
+};
+struct RemoteCacheInfo {
+  int64_t cache_id = 0;
+  int64_t key = -1;
+  bool allocated = false;
+  std::vector<int64_t> batch_keys;
+  uint32_t num_tensors = 0;
+  uint64_t tensor_bytes = 0, num_blocks = 0, batch_size = 0, stride = 0;
+  std::vector<uint64_t> addrs;
 };
 struct ImplAccess {
   static llm_datadist::Status AddCache(llm_datadist::LlmDataDist &dd, const llm_datadist::CacheDesc &desc,
@@ -52,9 +86,25 @@ struct ImplAccess {
   static llm_datadist::Status FindRemoteCache(llm_datadist::LlmDataDist &, uint64_t, int64_t, int64_t &) {
     return llm_datadist::LLM_FEATURE_NOT_ENABLED;
   }
+  static llm_datadist::Status DescribeRemoteCache(llm_datadist::LlmDataDist &, uint64_t, int64_t, RemoteCacheInfo &) {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
   static std::string LinkPath(llm_datadist::LlmDataDist &, uint64_t) { return "cann"; }
   static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &, int64_t) { return nullptr; }
   static int LinkChannels(llm_datadist::LlmDataDist &, uint64_t) { return 0; }
+  static bool HasLinks(llm_datadist::LlmDataDist &) { return false; }
+  static llm_datadist::Status SetBatchKeys(llm_datadist::LlmDataDist &, int64_t, const std::vector<int64_t> &) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static llm_datadist::Status FindRemoteKey(llm_datadist::LlmDataDist &, uint64_t, int64_t, int64_t &,
+                                            uint32_t &) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static llm_datadist::Status PullRowToBlocks(llm_datadist::LlmDataDist &, const llm_datadist::CacheIndex &,
+                                              const llm_datadist::Cache &, const std::vector<uint64_t> &,
+                                              const llm_datadist::KvCacheExtParam &) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
   static llm_datadist::Status PullKvBlocksAsync(llm_datadist::LlmDataDist &, const llm_datadist::CacheIndex &,
                                                 const llm_datadist::Cache &, const std::vector<uint64_t> &,
                                                 const std::vector<uint64_t> &, const llm_datadist::KvCacheExtParam &,
@@ -70,6 +120,16 @@ struct ImplAccess {
   static llm_datadist::Status SubmitBlocksBatch(llm_datadist::LlmDataDist &, const std::vector<BlocksRequest> &,
                                                 std::vector<TransferHandle> &, size_t &failed) noexcept {
     failed = 0;
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static llm_datadist::Status OpenLayerPush(llm_datadist::LlmDataDist &, const llm_datadist::Cache &,
+                                            const llm_datadist::CacheIndex &, const std::vector<uint64_t> &,
+                                            const std::vector<uint64_t> &, uint8_t, LayerPush &) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static llm_datadist::Status OpenLayerPushPieces(llm_datadist::LlmDataDist &, const llm_datadist::Cache &, uint64_t,
+                                                  uint32_t, const std::vector<LayerPiece> &, bool,
+                                                  LayerPush &) noexcept {
     return llm_datadist::LLM_FEATURE_NOT_ENABLED;
   }
 };
@@ -122,6 +182,19 @@ inline llm_datadist::Status PushBlocksAsyncRaw(llm_datadist::LlmDataDist &dd, co
   try {
     return ImplAccess::PushKvBlocksAsync(dd, src, dst, std::vector<uint64_t>(sb, sb + n),
                                          std::vector<uint64_t>(db, db + n), ext, out);
+  } catch (const std::bad_alloc &) {
+    return llm_datadist::LLM_OUT_OF_MEMORY;
+  } catch (...) {
+    return llm_datadist::LLM_FAILED;
+  }
+}
+// A layer-wise push from raw block arrays (the cimport API); never throws.
+inline llm_datadist::Status OpenLayerPushRaw(llm_datadist::LlmDataDist &dd, const llm_datadist::Cache &src,
+                                             const llm_datadist::CacheIndex &dst, const uint64_t *sb,
+                                             const uint64_t *db, size_t n, uint8_t tnpl, LayerPush &out) noexcept {
+  try {
+    return ImplAccess::OpenLayerPush(dd, src, dst, std::vector<uint64_t>(sb, sb + n),
+                                     std::vector<uint64_t>(db, db + n), tnpl, out);
   } catch (const std::bad_alloc &) {
     return llm_datadist::LLM_OUT_OF_MEMORY;
   } catch (...) {

@@ -83,6 +83,28 @@ def test_hixl_server_client_read_write_notify(tmp_path):
                                                  ["--role", "client", "--port", cp, "--server-port", sp]], tmp_path)
     assert "notification after the write verified" in outs[0]
     assert "8 MiB read verified" in outs[1] and "all data verified" in outs[1]
+def test_transfer_cache_async_with_a_layer_synchronizer(tmp_path):
+    # hixl.md 3.5 (transfer_cache_async_sample): the prompt pushes layer by layer, B2B, by BlocksCacheKey.
+    port = free_port()
+    outs = run_processes("transfer_cache_async_sample.py", [["--role", "prompt", "--port", port],
+                                                            ["--role", "decoder", "--port", port]], tmp_path)
+    assert "all data verified" in outs[1]
+
+
+def test_pull_cache_of_two_keys_into_two_batches(tmp_path):
+    # hixl.md 3.5 (pull_cache_sample) and 3.4: cache_keys[i] -> batch i; a consumed key is gone.
+    port = free_port()
+    outs = run_processes("pull_cache_keys_sample.py", [["--role", "prompt", "--port", port],
+                                                       ["--role", "decoder", "--port", port]], tmp_path)
+    assert "all data verified" in outs[1]
+
+
+def test_pull_blocks_from_a_contiguous_cache(tmp_path):
+    # hixl.md 3.5 (pull_from_cache_to_blocks): a batch row cut into local blocks.
+    port = free_port()
+    outs = run_processes("pull_cache_to_blocks_sample.py", [["--role", "prompt", "--port", port],
+                                                            ["--role", "decoder", "--port", port]], tmp_path)
+    assert "all data verified" in outs[1]
 
 
 def test_a_failing_sample_fails_the_test_at_once(tmp_path):

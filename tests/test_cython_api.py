@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Cython embedding: a throwaway downstream extension cimports kvblocks and moves data from its
 own ``with nogil:`` block through ``pull_blocks_nogil`` / ``push_blocks_nogil`` and the asynchronous
-``pull_blocks_async_nogil`` / ``push_blocks_async_nogil`` / ``wait_transfer_nogil``."""
+``pull_blocks_async_nogil`` / ``push_blocks_async_nogil`` / ``wait_transfer_nogil``, and the
+layer-wise ``open_layer_push_nogil`` / ``layer_ready_nogil`` / ``finish_layer_push_nogil``."""
 import os
 import shutil
 import subprocess
@@ -26,7 +27,8 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libcpp.vector cimport vector
 from kvblocks._lib cimport LlmDataDist, pull_blocks_nogil, push_blocks_nogil
 from kvblocks._lib cimport pull_blocks_async_nogil, push_blocks_async_nogil, wait_transfer_nogil
-from kvblocks.includes.libkvblocks cimport CLlmDataDist, CTransferHandle, Status
+from kvblocks._lib cimport open_layer_push_nogil, layer_ready_nogil, finish_layer_push_nogil
+from kvblocks.includes.libkvblocks cimport CLayerPush, CLlmDataDist, CTransferHandle, Status
 
 
 def pull(LlmDataDist dd, uint64_t cluster, int64_t src_id, int64_t dst_id, src, dst):
@@ -78,6 +80,25 @@ def push_async(LlmDataDist dd, int64_t src_id, uint32_t num_tensors, uint64_t cl
         if st == 0:
             wst = wait_transfer_nogil(&h, 10000)
     return st, wst
+
+
+def layer_push(LlmDataDist dd, int64_t src_id, uint32_t num_tensors, uint64_t cluster, int64_t dst_id, src, dst,
+               int tnpl):
+    # open, every layer ready, finish: all without the GIL; (open, last ready, finish) statuses
+    cdef vector[uint64_t] s = src
+    cdef vector[uint64_t] d = dst
+    cdef CLlmDataDist* p = dd.native()
+    cdef CLayerPush lp
+    cdef Status st, rst = 0, fst = 0
+    cdef uint32_t layer
+    with nogil:
+        st = open_layer_push_nogil(p, src_id, num_tensors, cluster, dst_id, s.data(), d.data(), s.size(),
+                                   <unsigned char>tnpl, &lp)
+        if st == 0:
+            for layer in range(num_tensors // tnpl):
+                rst = layer_ready_nogil(&lp, layer)
+            fst = finish_layer_push_nogil(&lp, -1)
+    return st, rst, fst
 '''
 
 SETUP = '''
@@ -134,6 +155,12 @@ assert dst[1][[1, 0]].tobytes() == src[1][[6, 7]].tobytes() and not dst[1][2:].a
 assert downstream.pull_async(d, 1, pc.cache_id, dc.cache_id, [0], [99]) == (0x5010B005, 0)
 assert downstream.push_async(p, pc.cache_id, 4, 2, dc.cache_id, [2], [5]) == (0, 0)
 assert dst[0][5].tobytes() == src[0][2].tobytes()
+# layer-wise push from nogil code
+for t in range(4):
+    dst[t][:] = 0
+assert downstream.layer_push(p, pc.cache_id, 4, 2, dc.cache_id, [4, 5], [0, 3], 2) == (0, 0, 0)
+assert all(dst[t][[0, 3]].tobytes() == src[t][[4, 5]].tobytes() for t in range(4))
+assert downstream.layer_push(p, pc.cache_id, 4, 2, dc.cache_id, [4], [99], 2)[0] == 0x5010B005
 d.finalize()
 p.finalize()
 print("nogil ok")

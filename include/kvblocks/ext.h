@@ -11,6 +11,7 @@
 
 #include "kvblocks/async.h"
 #include "kvblocks/error.h"
+#include "kvblocks/layerwise.h"
 #include "llm_datadist/llm_datadist.h"
 
 namespace kvblocks {
@@ -40,6 +41,17 @@ struct AddrRange {
   uint64_t local = 0, remote = 0, len = 0;
 };
 
+// A peer's cache as announced in its link-time table (what CANN's remote-accessible mode reads).
+struct RemoteCacheInfo {
+  int64_t cache_id = 0;
+  int64_t key = -1;
+  bool allocated = false;  // allocated by the peer's runtime (not user memory it registered)
+  std::vector<int64_t> batch_keys;
+  uint32_t num_tensors = 0;
+  uint64_t tensor_bytes = 0, num_blocks = 0, batch_size = 0, stride = 0;
+  std::vector<uint64_t> addrs;
+};
+
 struct KVBLOCKS_API ImplAccess {
   // Registers (addrs non-empty) or allocates (addrs empty) a cache of the given kind;
   // `key` >= 0 tags it for lookup by peers (CANN's BlocksCacheKey.model_id).
@@ -49,11 +61,30 @@ struct KVBLOCKS_API ImplAccess {
   // Cache id of the peer's cache tagged `key` (from the link-time table), or LLM_KV_CACHE_NOT_EXIST.
   static llm_datadist::Status FindRemoteCache(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t key,
                                               int64_t &cache_id);
+  // The peer's cache `cache_id` (from the link-time table), or LLM_NOT_YET_LINK / LLM_KV_CACHE_NOT_EXIST.
+  static llm_datadist::Status DescribeRemoteCache(llm_datadist::LlmDataDist &dd, uint64_t cluster_id,
+                                                  int64_t cache_id, RemoteCacheInfo &out);
   // Path used towards a linked peer: "inprocess", "shm", "cma", "tcp" or "" when not linked.
   static std::string LinkPath(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept;
   // Keeps the memory of an allocated cache mapped while the returned handle lives (null for
   // registered memory, which the caller owns).
   static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &dd, int64_t cache_id) noexcept;
+  // Binds keys[i] to batch index i of a local cache (-1 leaves an index unbound); peers see them in
+  // the cache table from their next link on. LLM_PARAM_INVALID for more keys than batch rows.
+  static llm_datadist::Status SetBatchKeys(llm_datadist::LlmDataDist &dd, int64_t cache_id,
+                                           const std::vector<int64_t> &keys) noexcept;
+  // The peer's cache and batch index bound to `key` (batch keys first, then a cache's own key at
+  // batch 0), or LLM_NOT_YET_LINK / LLM_KV_CACHE_NOT_EXIST.
+  static llm_datadist::Status FindRemoteKey(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t key,
+                                            int64_t &cache_id, uint32_t &batch_index) noexcept;
+  // CANN's pull_blocks from a contiguous cache: batch row src.batch_index of the peer's cache is
+  // cut into local-block-sized chunks and chunk j lands in dst_blocks[j] (the last may be short),
+  // in every selected tensor. Checked as PullKvBlocks, before any byte moves.
+  static llm_datadist::Status PullRowToBlocks(llm_datadist::LlmDataDist &dd, const llm_datadist::CacheIndex &src,
+                                              const llm_datadist::Cache &dst, const std::vector<uint64_t> &dst_blocks,
+                                              const llm_datadist::KvCacheExtParam &ext) noexcept;
+  // True while this engine has a link (made or accepted) to any peer.
+  static bool HasLinks(llm_datadist::LlmDataDist &dd) noexcept;
   // Number of data channels currently open towards a peer (tests and introspection).
   static int LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept;
 
@@ -90,6 +121,22 @@ struct KVBLOCKS_API ImplAccess {
                                          int32_t timeout_ms) noexcept;
   // Takes every notification received so far, in arrival order.
   static llm_datadist::Status GetNotifies(llm_datadist::LlmDataDist &dd, std::vector<NotifyMessage> &out) noexcept;
+  // Layer-wise push (include/kvblocks/layerwise.h): the arguments of PushKvBlocks without the layer
+  // ranges; every layer (num_tensors / tensor_num_per_layer of them) goes to the same remote layer.
+  // Every check of PushKvBlocks runs here, with its statuses; on LLM_SUCCESS `out` is open and its
+  // deadline (llm.SyncKvCacheWaitTime) runs from this call. On a failure nothing moves.
+  static llm_datadist::Status OpenLayerPush(llm_datadist::LlmDataDist &dd, const llm_datadist::Cache &src_cache,
+                                            const llm_datadist::CacheIndex &dst_cache_index,
+                                            const std::vector<uint64_t> &src_blocks,
+                                            const std::vector<uint64_t> &dst_blocks, uint8_t tensor_num_per_layer,
+                                            LayerPush &out) noexcept;
+  // A layer-wise push of arbitrary pieces to one peer (CANN's transfer_cache_async). Each piece is
+  // checked against both cache tables here. per_layer_deadline: each layer's deadline runs from its
+  // LayerReady call (CANN's per-layer TransferCache) instead of from the open.
+  static llm_datadist::Status OpenLayerPushPieces(llm_datadist::LlmDataDist &dd, const llm_datadist::Cache &src_cache,
+                                                  uint64_t dst_cluster_id, uint32_t num_layers,
+                                                  const std::vector<LayerPiece> &pieces, bool per_layer_deadline,
+                                                  LayerPush &out) noexcept;
 };
 
 }  // namespace kvblocks

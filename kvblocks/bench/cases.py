@@ -15,6 +15,7 @@ import tempfile
 
 from . import baselines as bl
 from . import cases_async, cases_hixl, cases_limits
+from . import cases_async, cases_layerwise
 from .common import (KiB, MiB, SCALE_BLOCK_BYTES, SCALE_BLOCKS, SCALE_BLOCKS_64B,
                      SCALE_FIXED_BYTES, SCALE_LAYERS, SIZES, TRANSFER_PATHS, VALIDATION_NS, Case, human_bytes)
 from .common import np as _np
@@ -277,6 +278,7 @@ def all_cases():
     cases += cases_hixl.hixl_cases()
     L, _, bb, B = SIZES["large"]
     cases += cases_limits.limits_cases(2 * L * B * bb)
+    cases += cases_layerwise.layerwise_cases()
     scaling = _scaling_cases()
     cases += _scaling_baselines(scaling, {c.id for c in cases}) + scaling
     cases.append(_import_case("json"))

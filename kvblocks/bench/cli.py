@@ -12,6 +12,7 @@ Groups (--case takes a group name or a glob over case ids, repeatable):
   async       pull_kv_blocks_async submission vs validation; 64 TCP pulls in flight vs in a row
   hixl        Hixl.transfer_sync vs the native pull_kv_blocks of the same bytes (16x4KiB and
               32 MiB; in-process, same host (cma) and TCP)
+  layerwise   80-layer layer-wise push over TCP behind a simulated compute, vs serial and compute alone
   scaling     time vs bytes per call, vs blocks per call at fixed bytes, vs layers
   import      import kvblocks in a fresh interpreter
 

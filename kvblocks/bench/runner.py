@@ -16,6 +16,7 @@ SECTIONS = (("validation", "Validation: block-list checks vs a pure-Python loop"
             ("tcp", "TCP (kvblocks.Transport=tcp) vs a raw loopback socket"),
             ("async", "Asynchronous transfers: submission vs validation, 64 in flight vs sequential"),
             ("hixl", "hixl: Hixl.transfer_sync vs the native pull_kv_blocks of the same bytes"),
+            ("layerwise", "Layer-wise pipeline: 80 layers pushed behind a simulated compute (sleep)"),
             ("scaling", "Scaling (shm unless named; pull, random ids)"),
             ("import", "import kvblocks in a fresh interpreter"))
 

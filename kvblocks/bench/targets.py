@@ -106,6 +106,15 @@ def _hixl(by, add):
             add(f"hixl transfer_sync vs native pull, {key.split('/')[1]} {key.split('/')[2]}", f"{v:.3f}x",
                 "<= 1.10x", v <= 1.10,
                 f"{r['median_s'] * 1e6:.1f} us vs {_base_med(r, by) * 1e6:.1f} us (interleaved)")
+def _layerwise(by, add):
+    from .cases_layerwise import LAYERS, hidden_fraction
+
+    c, s, p = (by.get(f"layerwise/{k}-{LAYERS}") for k in ("compute", "serial", "pipeline"))
+    if c and s and p:
+        v = hidden_fraction(c["median_s"], s["median_s"], p["median_s"])
+        add("layer-wise pipeline hides transfer time", f"{v * 100:.0f} %", ">= 80 %", v >= 0.8,
+            f"pipeline {p['median_s'] * 1e3:.1f} ms vs serial {s['median_s'] * 1e3:.1f} ms vs compute alone "
+            f"{c['median_s'] * 1e3:.1f} ms (medians, interleaved rounds)")
 
 
 def targets(rows, peer_rows):
@@ -124,4 +133,5 @@ def targets(rows, peer_rows):
     _inprocess(by, add)
     _async(by, add)
     _hixl(by, add)
+    _layerwise(by, add)
     return out

@@ -179,6 +179,36 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
                                                              const CKvCacheExtParam& ext,
                                                              CTransferHandle& out) noexcept
 
+    cdef cppclass CLayerPush "kvblocks::LayerPush":
+        CLayerPush()
+        c_bool Valid() noexcept
+        uint32_t NumLayers() noexcept
+        Status LayerReady(uint32_t layer) noexcept
+        Status Finish(int64_t timeout_ms) noexcept
+        Status Abort() noexcept
+        Status Drain() noexcept
+        c_bool Done() noexcept
+        Status GetStatus "Status"() noexcept
+        uint32_t LayersSent() noexcept
+        const char* Message() noexcept
+
+    Status OpenLayerPushRaw "kvblocks::OpenLayerPushRaw"(CLlmDataDist& dd, const CCache& src, const CCacheIndex& dst,
+                                                         const uint64_t* sb, const uint64_t* db, size_t n,
+                                                         uint8_t tnpl, CLayerPush& out) noexcept
+
+    cdef cppclass CLayerSegment "kvblocks::LayerSegment":
+        uint64_t src_off
+        uint64_t dst_off
+        uint64_t len
+
+    cdef cppclass CLayerPiece "kvblocks::LayerPiece":
+        uint32_t layer
+        uint32_t src_tensor
+        int64_t dst_cache_id
+        uint32_t dst_tensor
+        uint64_t dst_addr
+        vector[CLayerSegment] segs
+
     cdef enum class CCacheKind "kvblocks::CacheKind"(uint8_t):
         kMix
         kBlocks
@@ -188,6 +218,17 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         uint64_t from_cluster_id
         c_string name
         c_string message
+    cdef cppclass CRemoteCacheInfo "kvblocks::RemoteCacheInfo":
+        int64_t cache_id
+        int64_t key
+        c_bool allocated
+        vector[int64_t] batch_keys
+        uint32_t num_tensors
+        uint64_t tensor_bytes
+        uint64_t num_blocks
+        uint64_t batch_size
+        uint64_t stride
+        vector[uint64_t] addrs
 
     cdef cppclass ImplAccess "kvblocks::ImplAccess":
         @staticmethod
@@ -196,11 +237,23 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         @staticmethod
         Status FindRemoteCache(CLlmDataDist& dd, uint64_t cluster_id, int64_t key, int64_t& cache_id)
         @staticmethod
+        Status DescribeRemoteCache(CLlmDataDist& dd, uint64_t cluster_id, int64_t cache_id, CRemoteCacheInfo& out)
+        @staticmethod
         c_string LinkPath(CLlmDataDist& dd, uint64_t cluster_id) except +
         @staticmethod
         shared_ptr[void] PinCacheMemory(CLlmDataDist& dd, int64_t cache_id)
         @staticmethod
         int LinkChannels(CLlmDataDist& dd, uint64_t cluster_id)
+        @staticmethod
+        c_bool HasLinks(CLlmDataDist& dd)
+        @staticmethod
+        Status SetBatchKeys(CLlmDataDist& dd, int64_t cache_id, const vector[int64_t]& keys) noexcept
+        @staticmethod
+        Status FindRemoteKey(CLlmDataDist& dd, uint64_t cluster_id, int64_t key, int64_t& cache_id,
+                             uint32_t& batch_index) noexcept
+        @staticmethod
+        Status PullRowToBlocks(CLlmDataDist& dd, const CCacheIndex& src, const CCache& dst,
+                               const vector[uint64_t]& dst_blocks, const CKvCacheExtParam& ext) noexcept
         @staticmethod
         Status PullKvBlocksAsync(CLlmDataDist& dd, const CCacheIndex& src, const CCache& dst,
                                  const vector[uint64_t]& src_blocks, const vector[uint64_t]& dst_blocks,
@@ -217,3 +270,11 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
                           int32_t timeout_ms) noexcept
         @staticmethod
         Status GetNotifies(CLlmDataDist& dd, vector[CNotifyMessage]& out) noexcept
+        @staticmethod
+        Status OpenLayerPush(CLlmDataDist& dd, const CCache& src, const CCacheIndex& dst,
+                             const vector[uint64_t]& src_blocks, const vector[uint64_t]& dst_blocks,
+                             uint8_t tensor_num_per_layer, CLayerPush& out) noexcept
+        @staticmethod
+        Status OpenLayerPushPieces(CLlmDataDist& dd, const CCache& src, uint64_t dst_cluster_id,
+                                   uint32_t num_layers, const vector[CLayerPiece]& pieces,
+                                   c_bool per_layer_deadline, CLayerPush& out) noexcept

@@ -67,11 +67,35 @@ class Memtype(enum.Enum):
 
 
 class MemInfo:
+    """``MemInfo(mem_type, addr, size)`` for :meth:`CacheManager.remap_registered_memory`; read-only.
+
+    Raises TypeError for a wrong type (None is let through, as CANN).
+    """
+
     def __init__(self, mem_type: Memtype, addr: int, size: int) -> None:
-        check_isinstance("mem_type", mem_type, Memtype, allow_none=False)
-        self.mem_type = mem_type
-        self.addr = check_uint64("addr", addr)
-        self.size = check_uint64("size", size)
+        check_isinstance("mem_type", mem_type, Memtype)
+        check_isinstance("addr", addr, int)
+        check_isinstance("size", size, int)
+        self._mem_type = mem_type
+        self._addr = addr
+        self._size = size
+
+    @property
+    def mem_type(self) -> Memtype:
+        return self._mem_type
+
+    @property
+    def addr(self) -> int:
+        return self._addr
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def __repr__(self) -> str:
+        return f"MemInfo(mem_type={self._mem_type}, addr={self._addr}, size={self._size})"
+
+    __str__ = __repr__
 
 
 def _uint_str(name: str, value: Union[int, str], *, positive: bool = False) -> int:

@@ -113,6 +113,10 @@ Status ImplAccess::FindRemoteCache(llm_datadist::LlmDataDist &dd, uint64_t clust
                                    int64_t &cache_id) {
   return llm_datadist::Guard([&] { return dd.impl_->FindRemoteCache(cluster_id, key, &cache_id); });
 }
+Status ImplAccess::DescribeRemoteCache(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t cache_id,
+                                       RemoteCacheInfo &out) {
+  return llm_datadist::Guard([&] { return dd.impl_->DescribeRemoteCache(cluster_id, cache_id, &out); });
+}
 // Introspection: on an internal failure (out of memory) these report "nothing" rather than throw.
 std::string ImplAccess::LinkPath(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept {
   try {
@@ -126,6 +130,24 @@ std::shared_ptr<void> ImplAccess::PinCacheMemory(llm_datadist::LlmDataDist &dd, 
     return dd.impl_->PinCacheMemory(cache_id);
   } catch (...) {
     return nullptr;
+  }
+}
+Status ImplAccess::SetBatchKeys(llm_datadist::LlmDataDist &dd, int64_t cache_id, const std::vector<int64_t> &keys) noexcept {
+  return llm_datadist::Guard([&] { return dd.impl_->SetBatchKeys(cache_id, keys); });
+}
+Status ImplAccess::FindRemoteKey(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t key, int64_t &cache_id,
+                                 uint32_t &batch_index) noexcept {
+  return llm_datadist::Guard([&] { return dd.impl_->FindRemoteKey(cluster_id, key, &cache_id, &batch_index); });
+}
+Status ImplAccess::PullRowToBlocks(llm_datadist::LlmDataDist &dd, const CacheIndex &src, const Cache &dst,
+                                   const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext) noexcept {
+  return llm_datadist::Guard([&] { return dd.impl_->PullRowToBlocks(src, dst, dst_blocks, ext); });
+}
+bool ImplAccess::HasLinks(llm_datadist::LlmDataDist &dd) noexcept {
+  try {
+    return dd.impl_->HasLinks();
+  } catch (...) {
+    return false;
   }
 }
 int ImplAccess::LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept {
@@ -200,6 +222,28 @@ Status ImplAccess::SendNotify(llm_datadist::LlmDataDist &dd, uint64_t cluster_id
 }
 Status ImplAccess::GetNotifies(llm_datadist::LlmDataDist &dd, std::vector<NotifyMessage> &out) noexcept {
   return llm_datadist::Guard([&] { return dd.impl_->GetNotifies(&out); });
+}
+
+}  // namespace kvblocks
+
+// ------------------------------------------------------------------ layer-wise pushes
+namespace kvblocks {
+
+Status ImplAccess::OpenLayerPush(llm_datadist::LlmDataDist &dd, const Cache &src_cache,
+                                 const CacheIndex &dst_cache_index, const std::vector<uint64_t> &src_blocks,
+                                 const std::vector<uint64_t> &dst_blocks, uint8_t tensor_num_per_layer,
+                                 LayerPush &out) noexcept {
+  return llm_datadist::Guard([&] {
+    return dd.impl_->OpenLayerPush(src_cache, dst_cache_index, src_blocks, dst_blocks, tensor_num_per_layer, &out);
+  });
+}
+
+Status ImplAccess::OpenLayerPushPieces(llm_datadist::LlmDataDist &dd, const Cache &src_cache, uint64_t dst_cluster_id,
+                                       uint32_t num_layers, const std::vector<LayerPiece> &pieces,
+                                       bool per_layer_deadline, LayerPush &out) noexcept {
+  return llm_datadist::Guard([&] {
+    return dd.impl_->OpenLayerPushPieces(src_cache, dst_cluster_id, num_layers, pieces, per_layer_deadline, &out);
+  });
 }
 
 }  // namespace kvblocks

@@ -13,7 +13,7 @@ from kvblocks.llm_datadist._check import (
     check_isinstance,
     check_uint32,
 )
-from kvblocks.llm_datadist.configs import DataType, Placement
+from kvblocks.llm_datadist.configs import DataType, MemInfo, Memtype, Placement
 from kvblocks.llm_datadist.status import LLMException, LLMStatusCode, engine_call
 from kvblocks.llm_datadist.v2.llm_types import (
     BlocksCacheKey,
@@ -24,7 +24,9 @@ from kvblocks.llm_datadist.v2.llm_types import (
     CacheTask,
     LayerSynchronizer,
     TransferConfig,
+    TransferWithCacheKeyConfig,
 )
+from kvblocks.llm_datadist.v2 import transfer_cache as _transfer_cache
 
 if TYPE_CHECKING:
     from kvblocks.llm_datadist.v2.llm_datadist import LLMDataDist
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["CacheManager"]
 
 _PARAM_INVALID = LLMStatusCode.LLM_PARAM_INVALID
+_U64_MAX = 2**64 - 1
 _KIND_BLOCKS = 1
 _KIND_CACHE = 2
 
@@ -88,6 +91,13 @@ class CacheManager:
 
     def __init__(self, datadist: "LLMDataDist") -> None:
         self._dd = datadist
+        # Keys this side bound: identity -> (cache id, batch index); cache id -> its identities.
+        self._bound: Dict[Tuple[int, int, int], Tuple[int, int]] = {}
+        self._cache_keys: Dict[int, List[Any]] = {}
+        self._allocated: set = set()
+        # Pulls by key (spec hixl.md 3.4): keys consumed here, and the tensors a key still owes.
+        self._consumed: set = set()
+        self._pending: Dict[Tuple[int, int], set] = {}
 
     # -- helpers ----------------------------------------------------------------------------
     def _engine(self, func: str, failed: LLMStatusCode = LLMStatusCode.LLM_FAILED) -> Any:
@@ -121,6 +131,94 @@ class CacheManager:
         return Cache(int(native.cache_id), desc, [int(a) for a in native.tensor_addrs],
                      kind == _KIND_BLOCKS, native)
 
+    # -- cache keys (spec hixl.md 3.4) -------------------------------------------------------
+    @staticmethod
+    def _identity(k: CacheKey) -> Optional[Tuple[int, int, int]]:
+        """(kind, id, model_id) of a key; None for a placeholder (binds nothing)."""
+        if k.prefix_id != _U64_MAX:
+            return (1, k.prefix_id, k.model_id)
+        if k.req_id == _U64_MAX:
+            return None
+        return (0, k.req_id, k.model_id)
+
+    def _check_keys(self, desc: CacheDesc, cache_keys: Sequence[CacheKey]) -> None:
+        if len(cache_keys) > (desc.shape[0] if desc.shape else 0):
+            raise _invalid(f"{len(cache_keys)} cache_keys for shape[0] = {desc.shape[0] if desc.shape else 0}")
+        seen = set()
+        for k in cache_keys:
+            ident = self._identity(k)
+            if ident is None:
+                continue  # placeholders may repeat [KVB]
+            if ident in seen or ident in self._bound:
+                raise _invalid(f"{k!r} is already bound to a cache")
+            seen.add(ident)
+
+    def _bind_keys(self, cache: Cache, cache_keys: Sequence[CacheKey]) -> None:
+        if not cache_keys:
+            return
+        eng = self._engine("bind_keys")
+        tags = [-1 if self._identity(k) is None else k._key() for k in cache_keys]
+        with engine_call("register_cache"):
+            eng._set_batch_keys(cache._native, tags)
+        for b, k in enumerate(cache_keys):
+            ident = self._identity(k)
+            if ident is not None:
+                self._bound[ident] = (cache.cache_id, b)
+        self._cache_keys[cache.cache_id] = list(cache_keys)
+
+    def _unbind_cache(self, cache_id: int) -> None:
+        for k in self._cache_keys.pop(cache_id, []):
+            self._bound.pop(self._identity(k), None)  # type: ignore[arg-type]
+
+    def _source_row(self, key: Union[CacheKey, CacheKeyByIdAndIndex]) -> Tuple[int, int, Optional[Tuple[int, int]]]:
+        """(remote cache id, batch index, release tag) of a pull by key; -1 lets the engine report a
+        missing cache in its order. The tag names the key whose release rules apply (None: none)."""
+        eng = self._dd._engine_or_none()
+        if isinstance(key, CacheKeyByIdAndIndex):
+            tag = None
+            if eng is not None:
+                try:
+                    info = eng._describe_remote_cache(key.cluster_id, key.cache_id)
+                    bk = info["batch_keys"]
+                    if key.batch_index < len(bk) and bk[key.batch_index] >= 0:
+                        tag = (key.cluster_id, int(bk[key.batch_index]))
+                        if not info["allocated"]:
+                            tag = None
+                except _kb.LLMException:
+                    pass
+            if tag is not None and tag in self._consumed:
+                return -1, 0, None
+            return key.cache_id, key.batch_index, tag
+        tag = (key.cluster_id, key._key())
+        if eng is None or tag in self._consumed:
+            return -1, 0, None
+        try:
+            cid, bi = eng._find_remote_key(key.cluster_id, key._key())
+            info = eng._describe_remote_cache(key.cluster_id, cid)
+        except _kb.LLMException:
+            return -1, 0, None
+        releasable = info["allocated"] and key.prefix_id == _U64_MAX
+        return int(cid), int(bi), tag if releasable else None
+
+    def _after_pull(self, tag: Optional[Tuple[int, int]], cid: int, src_layer_range: Optional[range],
+                    tnpl: int) -> None:
+        """A successful pull by a releasable key: its tensors are paid; the last one consumes it."""
+        if tag is None:
+            return
+        eng = self._dd._engine_or_none()
+        try:
+            n = int(eng._describe_remote_cache(tag[0], cid)["num_tensors"]) if eng is not None else 0
+        except _kb.LLMException:
+            return
+        pending = self._pending.setdefault(tag, set(range(n)))
+        if src_layer_range is None or len(src_layer_range) == 0:
+            pending.clear()
+        else:
+            pending.difference_update(range(src_layer_range.start * tnpl, src_layer_range.stop * tnpl))
+        if not pending:
+            self._pending.pop(tag, None)
+            self._consumed.add(tag)
+
     # -- registration -----------------------------------------------------------------------
     def register_cache(self, cache_desc: CacheDesc, addrs: List[int], cache_keys: Sequence[CacheKey] = (),
                        remote_accessible: Optional[bool] = None) -> Cache:
@@ -139,8 +237,11 @@ class CacheManager:
             raise _invalid(f"len(addrs) = {len(addrs)} != num_tensors = {cache_desc.num_tensors}")
         if any(a == 0 for a in addrs):
             raise _invalid("addrs contains 0")
+        self._check_keys(cache_desc, cache_keys)
         key = cache_keys[0]._key() if cache_keys else -1
-        return self._add("register_cache", cache_desc, list(addrs), _KIND_CACHE, key)
+        cache = self._add("register_cache", cache_desc, list(addrs), _KIND_CACHE, key)
+        self._bind_keys(cache, cache_keys)
+        return cache
 
     def register_blocks_cache(self, cache_desc: CacheDesc, addrs: List[int],
                               blocks_cache_key: Optional[BlocksCacheKey] = None,
@@ -180,6 +281,7 @@ class CacheManager:
         eng = self._engine("unregister_cache")
         with engine_call("unregister_cache"):
             eng.unregister_kv_cache(cache_id)
+        self._unbind_cache(cache_id)
 
     # -- allocation -------------------------------------------------------------------------
     def allocate_cache(self, cache_desc: CacheDesc, cache_keys: Sequence[CacheKey] = ()) -> Cache:
@@ -190,8 +292,12 @@ class CacheManager:
             check_isinstance("cache_keys", k, CacheKey, allow_none=False)
         if cache_desc.num_tensors <= 0:
             raise _invalid("num_tensors must be > 0")
+        self._check_keys(cache_desc, cache_keys)
         key = cache_keys[0]._key() if cache_keys else -1
-        return self._add("allocate_cache", cache_desc, None, _KIND_CACHE, key)
+        cache = self._add("allocate_cache", cache_desc, None, _KIND_CACHE, key)
+        self._allocated.add(cache.cache_id)
+        self._bind_keys(cache, cache_keys)
+        return cache
 
     def allocate_blocks_cache(self, cache_desc: CacheDesc, blocks_cache_key: Optional[BlocksCacheKey] = None) -> Cache:
         """Allocates a blocks cache (memory owned by kvblocks)."""
@@ -209,6 +315,7 @@ class CacheManager:
         eng = self._engine(func, _PARAM_INVALID)
         with engine_call(func):
             eng.deallocate_cache(cache.cache_id)
+        self._unbind_cache(cache.cache_id)
 
     def deallocate_cache(self, cache: Cache) -> None:
         self._deallocate("deallocate_cache", cache, False)
@@ -217,10 +324,26 @@ class CacheManager:
         self._deallocate("deallocate_blocks_cache", cache, True)
 
     def remove_cache_key(self, cache_key: CacheKey) -> None:
-        """Accepted for compatibility. Peers read keys when they link, so removing a key
-        afterwards does not hide the cache from an existing link."""
+        """Unbinds a key of an allocated cache (an unknown key, or a key of a registered cache, is a
+        no-op, as CANN). Peers read keys when they link: an existing link still sees it.
+
+        Raises TypeError for a non-CacheKey, LLMException(LLM_FAILED) when not initialized."""
         check_isinstance("cache_key", cache_key, CacheKey, allow_none=False)
-        self._engine("remove_cache_key")
+        eng = self._engine("remove_cache_key")
+        ident = self._identity(cache_key)
+        hit = self._bound.get(ident) if ident is not None else None  # type: ignore[arg-type]
+        if hit is None:
+            return
+        cid, b = hit
+        if cid not in self._allocated:
+            return  # registered-cache keys are never removed
+        keys = self._cache_keys.get(cid, [])
+        self._bound.pop(ident, None)  # type: ignore[arg-type]
+        tags = [-1 if (self._identity(k) is None or self._identity(k) not in self._bound) else k._key() for k in keys]
+        try:
+            eng._set_batch_keys(cid, tags)
+        except _kb.LLMException:
+            pass
 
     # -- local copies -----------------------------------------------------------------------
     def copy_cache(self, dst: Cache, src: Cache, dst_batch_index: int = 0, src_batch_index: int = 0,
@@ -284,10 +407,18 @@ class CacheManager:
                     dst_blocks: Union[List[int], Tuple[int, ...]] = (),
                     src_layer_range: Optional[range] = None, dst_layer_range: Optional[range] = None,
                     tensor_num_per_layer: int = 2) -> None:
-        """Pulls the peer's blocks ``src_blocks[i]`` into ``dst_blocks[i]`` of ``dst_cache``.
+        """Pulls the peer's blocks ``src_blocks[i]`` into ``dst_blocks[i]`` of ``dst_cache``; with a
+        ``CacheKey`` / ``CacheKeyByIdAndIndex`` source (``src_blocks`` empty), the peer's batch row is
+        cut into chunks of one local block and chunk ``j`` lands in ``dst_blocks[j]`` (one runtime
+        transfer). A successful pull by a request key of an allocated peer cache consumes the key
+        (spec hixl.md 3.4; tracked on this side: a later pull by it raises LLM_KV_CACHE_NOT_EXIST).
 
         Layer ranges are half-open ``range`` objects (``range(a, b)`` = layers a..b-1); None = all.
         Safe to call from several threads at once.
+
+        Raises TypeError / ValueError for wrong argument types or ranges; LLMException with
+        LLM_PARAM_INVALID (bad lists, ranges, more chunks than the row holds), LLM_KV_CACHE_NOT_EXIST
+        (no such peer cache or key, or the key was consumed), LLM_NOT_YET_LINK, LLM_TIMEOUT.
         """
         check_isinstance("src_cache_key", src_cache_key, (CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey),
                          allow_none=False)
@@ -314,9 +445,13 @@ class CacheManager:
         ext = _ext(src_r, dst_r, tnpl)
         eng = self._engine("pull_blocks", _PARAM_INVALID)
         if not isinstance(src_cache_key, BlocksCacheKey):
-            raise LLMException("[pull_blocks] pulling a contiguous cache into blocks is not supported by "
-                               "kvblocks; register the peer cache with register_blocks_cache",
-                               status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+            # contiguous -> blocks: the peer's batch row, cut into local blocks (one runtime transfer)
+            cid, bi, tag = self._source_row(src_cache_key)
+            with engine_call("pull_blocks"):
+                eng._pull_row_to_blocks(_kb.CacheIndex(src_cache_key.cluster_id, cid, bi),
+                                        self._native(dst_cache, "pull_blocks"), list(dst_blocks), ext)
+            self._after_pull(tag, cid, src_layer_range, tnpl)
+            return
         remote = self._remote_id(src_cache_key.cluster_id, src_cache_key._key())
         with engine_call("pull_blocks"):
             eng.pull_kv_blocks(_kb.CacheIndex(src_cache_key.cluster_id, remote, 0),
@@ -325,7 +460,14 @@ class CacheManager:
     def pull_cache(self, cache_key: Union[CacheKey, CacheKeyByIdAndIndex], cache: Cache, batch_index: int = 0,
                    size: int = -1, src_layer_range: Optional[range] = None,
                    dst_layer_range: Optional[range] = None, tensor_num_per_layer: int = 2) -> None:
-        """Pulls the peer's batch row into row ``batch_index`` of a non-blocks ``cache``."""
+        """Pulls the peer's batch row into row ``batch_index`` of a non-blocks ``cache``. A
+        ``CacheKey`` names the row it was bound to (``cache_keys[i]`` -> batch ``i``); a pull by a
+        request key of an allocated peer cache consumes it once every tensor was pulled (spec
+        hixl.md 3.4, tracked on this side).
+
+        Raises TypeError / ValueError for wrong argument types or ranges; LLMException with
+        LLM_PARAM_INVALID, LLM_KV_CACHE_NOT_EXIST (unknown or consumed key), LLM_NOT_YET_LINK,
+        LLM_TIMEOUT."""
         if self._dd._remote_accessible:
             check_isinstance("cache_key", cache_key, CacheKeyByIdAndIndex, allow_none=False)
         else:
@@ -341,12 +483,14 @@ class CacheManager:
         ext = _ext(_pull_range("src_layer_range", src_layer_range),
                    _pull_range("dst_layer_range", dst_layer_range), tnpl)
         eng = self._engine("pull_cache", _PARAM_INVALID)
-        if isinstance(cache_key, CacheKeyByIdAndIndex):
-            idx = _kb.CacheIndex(cache_key.cluster_id, cache_key.cache_id, cache_key.batch_index)
+        if self._dd._remote_accessible:  # the puller reads peer memory: no key is released [INFER]
+            cid, bi, tag = cache_key.cache_id, cache_key.batch_index, None
         else:
-            idx = _kb.CacheIndex(cache_key.cluster_id, self._remote_id(cache_key.cluster_id, cache_key._key()), 0)
+            cid, bi, tag = self._source_row(cache_key)
         with engine_call("pull_cache"):
-            eng.pull_kv_cache(idx, self._native(cache, "pull_cache"), batch_index, size, ext)
+            eng.pull_kv_cache(_kb.CacheIndex(cache_key.cluster_id, cid, bi), self._native(cache, "pull_cache"),
+                              batch_index, size, ext)
+        self._after_pull(tag, cid, src_layer_range, tnpl)
 
     def _require_remote(self, func: str) -> None:
         if not self._dd._remote_accessible:
@@ -414,15 +558,60 @@ class CacheManager:
                                              dst_cache_key.batch_index),
                               src_batch_index, size, ext)
 
-    # -- not supported ----------------------------------------------------------------------
+    # -- layer-wise push and remap ----------------------------------------------------------
     def transfer_cache_async(self, src_cache: Cache, layer_synchronizer: LayerSynchronizer,
-                             transfer_configs: Sequence[TransferConfig],
+                             transfer_configs: Sequence[Union[TransferConfig, TransferWithCacheKeyConfig]],
                              src_block_indices: Optional[List[int]] = None,
                              dst_block_indices: Optional[List[int]] = None,
                              dst_block_memory_size: Optional[int] = None) -> CacheTask:
-        raise LLMException("transfer_cache_async is not supported by kvblocks",
-                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        """Pushes ``src_cache`` layer by layer to every config's peer, overlapped with the caller's
+        compute, and returns a :class:`CacheTask` at once. A worker thread calls
+        ``layer_synchronizer.synchronize_layer(l, None)`` before layer ``l`` is sent (False ends the
+        task with LLM_PARAM_INVALID); each ready layer is sent by kvblocks' layer-wise push while the
+        next one is awaited. Without indices a layer moves one batch row (block 0 of a blocks
+        cache); ``dst_block_indices`` + ``dst_block_memory_size`` cut a contiguous row into blocks;
+        both index lists move blocks. Per-layer failures are the task's results, not exceptions.
 
-    def remap_registered_memory(self, mem_infos: Sequence[Any]) -> None:
-        raise LLMException("remap_registered_memory is not supported by kvblocks",
-                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        Raises
+        ------
+        TypeError, ValueError
+            A wrong argument type or integer range (a config type that does not match
+            ``enable_remote_cache_accessible`` included).
+        LLMException
+            LLM_PARAM_INVALID for a HOST source, inconsistent index lists or block size, an odd
+            tensor count, a layer range that does not fit, or a wrong number of ``dst_addrs``;
+            LLM_FAILED when not initialized.
+        """
+        self._engine("transfer_cache_async")
+        return _transfer_cache.check_and_start(self, src_cache, layer_synchronizer, transfer_configs,
+                                               src_block_indices, dst_block_indices, dst_block_memory_size)
+
+    def remap_registered_memory(self, mem_infos: Union[MemInfo, List[MemInfo]]) -> None:
+        """CANN re-maps NIC registrations after a device-memory error (a reserved interface there).
+        Host memory needs no remap: after CANN's checks this returns None when a link exists.
+
+        Raises
+        ------
+        LLMException
+            LLM_PARAM_INVALID when the argument is neither a MemInfo nor a list of them, a type is
+            not MEM_TYPE_DEVICE, an addr is 0, a size <= 0, or the list is empty; LLM_NOT_YET_LINK
+            without any link; LLM_FAILED when not initialized.
+        """
+        if isinstance(mem_infos, MemInfo):
+            mem_infos = [mem_infos]
+        if not isinstance(mem_infos, list):
+            raise _invalid(f"mem_infos must be a MemInfo or a list of MemInfo, got {type(mem_infos).__name__}")
+        for m in mem_infos:
+            if not isinstance(m, MemInfo):
+                raise _invalid(f"mem_infos must contain MemInfo, got {type(m).__name__}")
+            if m.mem_type != Memtype.MEM_TYPE_DEVICE:
+                raise _invalid(f"mem_type must be MEM_TYPE_DEVICE, got {m.mem_type}")
+            if not m.addr:
+                raise _invalid("addr must not be 0")
+            if m.size is None or m.size <= 0:
+                raise _invalid(f"size must be > 0, got {m.size}")
+        eng = self._engine("remap_registered_memory")
+        if not mem_infos:
+            raise _invalid("mem_infos is empty")
+        if not eng._has_links():
+            raise LLMException("[remap_registered_memory] no link exists", status_code=LLMStatusCode.LLM_NOT_YET_LINK)

@@ -137,6 +137,11 @@ class Cache:
     def is_blocks_cache(self) -> bool:
         return self._is_blocks_cache
 
+    @property
+    def per_device_tensor_addrs(self) -> List[List[int]]:
+        """CANN's per-device address lists: one device here, so ``[tensor_addrs]``."""
+        return [list(self._tensor_addrs)]
+
     @staticmethod
     def create_cpu_cache(cache_desc: CacheDesc, addrs: List[int]) -> "Cache":
         """Wraps host memory (not registered); used by ``CacheManager.swap_blocks``."""
@@ -272,38 +277,171 @@ class BlocksCacheKey:
         return f"BlocksCacheKey(cluster_id={self._cluster_id}, model_id={self._model_id})"
 
 
+def _layer_range(name: str, r: Optional[range], required: bool) -> Optional[range]:
+    """A half-open layer range with step 1 and ``0 <= start < stop`` (None unless required)."""
+    if r is None:
+        if required:
+            raise TypeError(f"{name} must be a range, got None")
+        return None
+    if not isinstance(r, range):
+        raise TypeError(f"{name} must be a range, got {type(r).__name__}")
+    if r.step != 1 or not 0 <= r.start < r.stop:
+        raise LLMException(f"{name} must have step 1 and 0 <= start < stop, got {r}", status_code=_PARAM_INVALID)
+    return r
+
+
 class TransferConfig:
+    """One destination of :meth:`CacheManager.transfer_cache_async`: push the local layers of
+    ``src_layer_range`` (None: all) at batch ``src_batch_index`` to raw addresses of cluster
+    ``dst_cluster_id``; ``dst_addrs`` holds 2 addresses (K, V) per transferred layer, in order.
+
+    Raises TypeError / ValueError for a wrong type or integer range, LLMException(LLM_PARAM_INVALID)
+    for a range whose step is not 1 or that is not ``0 <= start < stop``.
+    """
+
     def __init__(self, dst_cluster_id: int, dst_addrs: List[int], src_layer_range: Optional[range] = None,
                  src_batch_index: int = 0) -> None:
-        self.dst_cluster_id = check_uint64("dst_cluster_id", dst_cluster_id)
-        self.dst_addrs = list(dst_addrs)
+        self.dst_cluster_id = dst_cluster_id
+        self.dst_addrs = dst_addrs
         self.src_layer_range = src_layer_range
-        self.src_batch_index = check_uint32("src_batch_index", src_batch_index)
+        self.src_batch_index = src_batch_index
+        self.dst_layer_range = None  # accepted and ignored, as CANN
+
+    @property
+    def dst_cluster_id(self) -> int:
+        return self._dst_cluster_id
+
+    @dst_cluster_id.setter
+    def dst_cluster_id(self, v: int) -> None:
+        self._dst_cluster_id = check_uint64("dst_cluster_id", v)
+
+    @property
+    def dst_addrs(self) -> List[int]:
+        return self._dst_addrs
+
+    @dst_addrs.setter
+    def dst_addrs(self, v: List[int]) -> None:
+        check_isinstance("dst_addrs", v, (list, tuple), allow_none=False)
+        self._dst_addrs = [check_uint64("dst_addrs", a) for a in v]
+
+    @property
+    def src_layer_range(self) -> Optional[range]:
+        return self._src_layer_range
+
+    @src_layer_range.setter
+    def src_layer_range(self, v: Optional[range]) -> None:
+        self._src_layer_range = _layer_range("src_layer_range", v, False)
+
+    @property
+    def src_batch_index(self) -> int:
+        return self._src_batch_index
+
+    @src_batch_index.setter
+    def src_batch_index(self, v: int) -> None:
+        self._src_batch_index = check_uint32("src_batch_index", v)
+
+    def __repr__(self) -> str:
+        return (f"TransferConfig(dst_cluster_id={self._dst_cluster_id}, dst_addrs={self._dst_addrs}, "
+                f"src_layer_range={self._src_layer_range}, src_batch_index={self._src_batch_index})")
 
 
 class TransferWithCacheKeyConfig:
-    def __init__(self, cache_key: Union[CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey],
-                 src_layer_range: Optional[range] = None, dst_layer_range: Optional[range] = None,
-                 src_batch_index: int = 0) -> None:
+    """A destination of :meth:`CacheManager.transfer_cache_async` in remote-cache-accessible mode: the
+    peer cache named by ``cache_key``; local layer ``src_layer_range[i]`` goes to remote layer
+    ``dst_layer_range[i]``.
+
+    Raises TypeError for a missing key or range, LLMException(LLM_PARAM_INVALID) for ranges of unequal
+    length, a bad step or bounds, or a non-zero ``src_batch_index`` with a BlocksCacheKey.
+    """
+
+    def __init__(self, cache_key: Union["BlocksCacheKey", CacheKeyByIdAndIndex], src_layer_range: range,
+                 dst_layer_range: range, src_batch_index: int = 0) -> None:
+        check_isinstance("cache_key", cache_key, (BlocksCacheKey, CacheKeyByIdAndIndex), allow_none=False)
+        _layer_range("src_layer_range", src_layer_range, True)
+        _layer_range("dst_layer_range", dst_layer_range, True)
+        if len(src_layer_range) != len(dst_layer_range):
+            raise LLMException(f"src_layer_range {src_layer_range} and dst_layer_range {dst_layer_range} differ "
+                               "in length", status_code=_PARAM_INVALID)
         self.cache_key = cache_key
         self.src_layer_range = src_layer_range
         self.dst_layer_range = dst_layer_range
-        self.src_batch_index = check_uint32("src_batch_index", src_batch_index)
+        self.src_batch_index = src_batch_index
+        self.dst_cluster_id = cache_key.cluster_id
+
+    @property
+    def cache_key(self) -> Union["BlocksCacheKey", CacheKeyByIdAndIndex]:
+        return self._cache_key
+
+    @cache_key.setter
+    def cache_key(self, v: Union["BlocksCacheKey", CacheKeyByIdAndIndex]) -> None:
+        check_isinstance("cache_key", v, (BlocksCacheKey, CacheKeyByIdAndIndex), allow_none=False)
+        self._cache_key = v
+
+    @property
+    def src_layer_range(self) -> Optional[range]:
+        return self._src_layer_range
+
+    @src_layer_range.setter
+    def src_layer_range(self, v: Optional[range]) -> None:
+        self._src_layer_range = _layer_range("src_layer_range", v, False)
+
+    @property
+    def dst_layer_range(self) -> Optional[range]:
+        return self._dst_layer_range
+
+    @dst_layer_range.setter
+    def dst_layer_range(self, v: Optional[range]) -> None:
+        self._dst_layer_range = _layer_range("dst_layer_range", v, False)
+
+    @property
+    def src_batch_index(self) -> int:
+        return self._src_batch_index
+
+    @src_batch_index.setter
+    def src_batch_index(self, v: int) -> None:
+        v = check_uint32("src_batch_index", v)
+        if v != 0 and isinstance(self._cache_key, BlocksCacheKey):
+            raise LLMException("src_batch_index must be 0 with a BlocksCacheKey", status_code=_PARAM_INVALID)
+        self._src_batch_index = v
 
 
 class LayerSynchronizer(abc.ABC):
+    """Subclass it for :meth:`CacheManager.transfer_cache_async`: ``synchronize_layer(l, None)`` is
+    called on the task's worker thread before layer ``l`` is sent, and should return True once the
+    layer is ready (False ends the task with LLM_PARAM_INVALID)."""
+
     @abc.abstractmethod
     def synchronize_layer(self, layer_index: int, timeout_in_millis: Optional[int]) -> bool:
         ...
 
 
 class CacheTask:
-    """Result handle of ``transfer_cache_async`` (not supported by kvblocks)."""
+    """Result handle of :meth:`CacheManager.transfer_cache_async` (never built by users)."""
+
+    def __init__(self, job: Any) -> None:
+        self._job = job
+
+    def get_results(self, timeout_in_millis: Optional[int] = None) -> List[Optional[LLMStatusCode]]:
+        """Waits up to ``timeout_in_millis`` ms (None: until the task ends). Returns
+        ``[LLM_TIMEOUT] * n`` while the task still runs (a later call can get the final answer), else
+        one entry per config, in order: its code, or None when the task ended before it finished.
+
+        Raises TypeError / ValueError for a timeout that is not a uint32.
+        """
+        if timeout_in_millis is not None:
+            check_uint32("timeout_in_millis", timeout_in_millis)
+        return self._job.results(timeout_in_millis)
 
     def synchronize(self, timeout_in_millis: Optional[int] = None) -> LLMStatusCode:
-        raise LLMException("transfer_cache_async is not supported by kvblocks",
-                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        """As :meth:`get_results`, reduced to one code: LLM_TIMEOUT while running, else the first result
+        that is neither LLM_SUCCESS nor None, else LLM_SUCCESS.
 
-    def get_results(self, timeout_in_millis: Optional[int] = None) -> List[LLMStatusCode]:
-        raise LLMException("transfer_cache_async is not supported by kvblocks",
-                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        Raises TypeError / ValueError for a timeout that is not a uint32.
+        """
+        res = self.get_results(timeout_in_millis)
+        if self._job.running():
+            return LLMStatusCode.LLM_TIMEOUT
+        for r in res:
+            if r is not None and r != LLMStatusCode.LLM_SUCCESS:
+                return r
+        return LLMStatusCode.LLM_SUCCESS

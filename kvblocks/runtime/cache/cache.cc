@@ -26,6 +26,7 @@ TableEntry CacheEntry::Describe() const {
     t.memfd = MemfdDesc{region->fd, region->ino, region->dev, region->size, pitch};
   }
   t.addrs = addrs;
+  t.batch_keys = batch_keys;
   return t;
 }
 

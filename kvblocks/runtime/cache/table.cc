@@ -19,6 +19,7 @@ bool Consistent(const TableEntry &c) {
   if (__builtin_mul_overflow(c.num_blocks, c.stride, &span) || span > c.tensor_bytes) return false;
   if (__builtin_mul_overflow(c.batch_size, c.stride, &span) || span > c.tensor_bytes) return false;
   if (!c.addrs.empty() && c.addrs.size() != c.num_tensors) return false;
+  if (c.batch_keys.size() > c.batch_size) return false;
   if (!c.has_memfd) return true;
   // The memfd descriptor drives one-sided copies into mapped memory: every tensor must fit.
   uint64_t last, end;
@@ -45,6 +46,10 @@ bool GetDescriptor(Reader *r, TableEntry *c) {
     if (len % 8 != 0 || len / 8 != c->num_tensors) return false;
     c->addrs.resize(c->num_tensors);
     for (uint64_t &a : c->addrs) a = body.Get<uint64_t>();
+  } else if (kind == kDescBatchKeys) {
+    if (len % 8 != 0 || len / 8 > kMaxTableTensors) return false;
+    c->batch_keys.resize(len / 8);
+    for (int64_t &k : c->batch_keys) k = body.Get<int64_t>();
   } else {
     return true;  // a transport we do not know: skip it
   }
@@ -64,7 +69,8 @@ void EncodeTable(const std::vector<TableEntry> &caches, Writer *w) {
     w->Put<uint64_t>(c.num_blocks);
     w->Put<uint64_t>(c.batch_size);
     w->Put<uint64_t>(c.stride);
-    w->Put<uint16_t>(static_cast<uint16_t>(c.has_memfd) + static_cast<uint16_t>(!c.addrs.empty()));
+    w->Put<uint16_t>(static_cast<uint16_t>(c.has_memfd) + static_cast<uint16_t>(!c.addrs.empty()) +
+                     static_cast<uint16_t>(!c.batch_keys.empty()));
     if (c.has_memfd) {
       Writer b;
       b.Put<int32_t>(c.memfd.fd);
@@ -78,6 +84,11 @@ void EncodeTable(const std::vector<TableEntry> &caches, Writer *w) {
       Writer b;
       for (uint64_t a : c.addrs) b.Put<uint64_t>(a);
       PutDescriptor(w, kDescAddrs, b);
+    }
+    if (!c.batch_keys.empty()) {
+      Writer b;
+      for (int64_t k : c.batch_keys) b.Put<int64_t>(k);
+      PutDescriptor(w, kDescBatchKeys, b);
     }
   }
 }

@@ -17,6 +17,7 @@ struct Reader;
 enum DescriptorKind : uint8_t {
   kDescMemfd = 1,  // a runtime-owned memfd a same-host peer may map
   kDescAddrs = 2,  // tensor addresses in the owner's address space (CMA, in-process)
+  kDescBatchKeys = 3,  // the key bound to each batch index (CANN's cache_keys[i]; -1: none)
 };
 
 struct MemfdDesc {
@@ -34,6 +35,7 @@ struct TableEntry {
   bool has_memfd = false;
   MemfdDesc memfd;
   std::vector<uint64_t> addrs;  // empty when not announced
+  std::vector<int64_t> batch_keys;  // batch_keys[i] is bound to batch index i; empty when none
 };
 
 void EncodeTable(const std::vector<TableEntry> &caches, Writer *w);

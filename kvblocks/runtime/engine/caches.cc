@@ -22,6 +22,18 @@ uint64_t ElementAlign(int64_t data_type) {
 }
 }  // namespace
 
+Status Impl::SetBatchKeys(int64_t cache_id, const std::vector<int64_t> &keys) {
+  std::shared_lock<std::shared_mutex> lk(state_mu_);
+  if (!initialized()) return Fail(LLM_FAILED, "the engine is not initialized");
+  auto e = caches_.Find(cache_id);
+  if (!e) return Fail(LLM_KV_CACHE_NOT_EXIST, "local cache %lld does not exist", static_cast<long long>(cache_id));
+  if (keys.size() > e->batch_size)
+    return Fail(LLM_PARAM_INVALID, "%zu keys for %llu batch rows", keys.size(), (unsigned long long)e->batch_size);
+  std::unique_lock<std::shared_timed_mutex> hold(table_mu_);  // no handshake is reading the entry
+  e->batch_keys = keys;
+  return LLM_SUCCESS;
+}
+
 Status Impl::AddCache(const CacheDesc &desc, const std::vector<uint64_t> &addrs, CacheKind kind, int64_t key,
                       Cache *out, bool allocate) {
   std::shared_lock<std::shared_mutex> lk(state_mu_);

@@ -39,6 +39,10 @@ struct Worker {
 struct Transfer;
 struct TransferState;
 class AsyncPool;
+class LayerPool;
+struct LayerItem;
+struct LayerPushState;
+struct Plan;
 // Frees a Transfer (defined in transfer.cc) on the thread that holds its locks.
 struct TransferFree {
   void operator()(Transfer *t) const;
@@ -73,9 +77,15 @@ class Impl {
 
   // extensions
   Status FindRemoteCache(uint64_t cluster_id, int64_t key, int64_t *cache_id);
+  Status DescribeRemoteCache(uint64_t cluster_id, int64_t cache_id, RemoteCacheInfo *out);
   std::string LinkPath(uint64_t cluster_id);
   std::shared_ptr<void> PinCacheMemory(int64_t cache_id);
   int LinkChannels(uint64_t cluster_id);
+  bool HasLinks() const { return !links_.empty(); }
+  Status SetBatchKeys(int64_t cache_id, const std::vector<int64_t> &keys);
+  Status FindRemoteKey(uint64_t cluster_id, int64_t key, int64_t *cache_id, uint32_t *batch_index);
+  Status PullRowToBlocks(const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &dst_blocks,
+                         const KvCacheExtParam &ext);
   // async.cc: asynchronous blocks transfers; every request is checked (as the synchronous call)
   // before any is submitted. `failed` is the index of the request that failed.
   Status SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *out, size_t *failed);
@@ -92,6 +102,13 @@ class Impl {
   // Links with the peer at ip:port (IPv4 or IPv6) whose cluster id must be `remote_cluster_id`.
   Status LinkAddress(uint64_t remote_cluster_id, const std::string &ip, uint16_t port, int32_t timeout_ms);
   Status UnlinkCluster(uint64_t remote_cluster_id, int32_t timeout_ms);
+  // layerwise.cc: layer-wise pushes (include/kvblocks/layerwise.h); every check runs here.
+  Status OpenLayerPush(const Cache &src, const CacheIndex &dst, const std::vector<uint64_t> &src_blocks,
+                       const std::vector<uint64_t> &dst_blocks, uint8_t tensor_num_per_layer, LayerPush *out);
+  Status OpenLayerPushPieces(const Cache &src, uint64_t dst_cluster_id, uint32_t num_layers,
+                             const std::vector<LayerPiece> &pieces, bool per_layer_deadline, LayerPush *out);
+  // layerwise.cc, for LayerPushState's sender: one layer of a push, on a pool thread.
+  Status ExecuteLayer(Transfer *t, Plan *plan, int64_t deadline);
 
  private:
   bool initialized() const { return initialized_.load(std::memory_order_acquire); }
@@ -136,6 +153,17 @@ class Impl {
   Status PrepareBlocks(Transfer *t, const BlocksRequest &r);
   void Detach(Transfer *t);
   Status ExecuteDetached(Transfer *t, bool pull);
+  // transfer.cc, for layerwise.cc
+  Status PrepareLayerBlocks(Transfer *t, const Cache &src, const CacheIndex &dst,
+                            const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
+                            uint8_t tnpl, std::vector<Plan> *layers);
+  Status PrepareLayerBase(Transfer *t, const Cache &src, uint64_t dst_cluster_id);
+  Status ResolvePiece(const Transfer &base, const LayerPiece &pc, int64_t *cache_id, uint32_t *tensor,
+                      uint64_t *base_off);
+  Status AddLayerPiece(Transfer *base, const LayerPiece &pc, std::vector<TransferPtr> *ts,
+                       std::vector<std::vector<LayerItem>> *layers);
+  static int64_t TransferDeadline(const Transfer *t);
+  Status PublishLayerPush(std::shared_ptr<LayerPushState> core, LayerPush *out);
   // async.cc
   friend class AsyncPool;
   void RunDetached(TransferPtr t, bool pull, const std::shared_ptr<TransferState> &s);
@@ -195,6 +223,14 @@ class Impl {
   // is destroyed first: its threads finish their jobs while the rest of the engine still exists.
   std::mutex async_mu_;
   std::shared_ptr<AsyncPool> async_;
+  // Sender threads of layer-wise pushes (layerwise.cc). Its destructor stops the pool (runs what is
+  // queued, joins) before the engine's other members go, and refuses later layers.
+  struct LayerPoolGuard {
+    std::shared_ptr<LayerPool> pool;
+    ~LayerPoolGuard();
+  };
+  std::mutex layer_mu_;
+  LayerPoolGuard layer_pool_;
 };
 
 }  // namespace kvblocks

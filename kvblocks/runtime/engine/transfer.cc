@@ -9,6 +9,7 @@
 #include "common/util.h"
 #include "engine/engine.h"
 #include "engine/transfer.h"
+#include "engine/layer_push.h"
 #include "plan/plan.h"
 
 namespace kvblocks {
@@ -321,6 +322,126 @@ Status Impl::ExecuteDetached(Transfer *t, bool pull) {
   return st;
 }
 
+// ------------------------------------------------------------------ layer-wise (engine/layerwise.cc)
+// Every check of PushKvBlocks over all layers; then one plan per layer (its tensors, every block).
+Status Impl::PrepareLayerBlocks(Transfer *t, const Cache &src, const CacheIndex &dst,
+                                const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
+                                uint8_t tnpl, std::vector<Plan> *layers) {
+  KvCacheExtParam ext;  // (-1, -1): every layer
+  ext.tensor_num_per_layer = tnpl;
+  const Status st = PreparePushBlocks(*t, src, dst, src_blocks, dst_blocks, ext);
+  if (st != LLM_SUCCESS) return st;
+  const Plan &all = t->plan;
+  const size_t n = all.src_tensors.size() / tnpl;  // PushTensorSpan checked that tnpl divides
+  layers->resize(n);
+  for (size_t l = 0; l < n; ++l) {
+    Plan &p = (*layers)[l];
+    p.src_tensors.assign(all.src_tensors.begin() + l * tnpl, all.src_tensors.begin() + (l + 1) * tnpl);
+    p.dst_tensors.assign(all.dst_tensors.begin() + l * tnpl, all.dst_tensors.begin() + (l + 1) * tnpl);
+    p.segs = all.segs;
+    p.bytes_per_tensor = all.bytes_per_tensor;
+  }
+  return LLM_SUCCESS;
+}
+
+// The engine-wide checks of a push (state, role, placement, local cache, link) for a piece push.
+Status Impl::PrepareLayerBase(Transfer *t, const Cache &src, uint64_t dst_cluster_id) {
+  Status st;
+  if ((st = Begin(t, false)) != LLM_SUCCESS) return st;
+  if ((st = CheckPushSource(src)) != LLM_SUCCESS) return st;
+  if ((st = FindLocal(t, src.cache_id)) != LLM_SUCCESS) return st;
+  return FindLink(t, dst_cluster_id);
+}
+
+// The remote tensor a piece writes to, and its byte offset there: by cache id, or by an address
+// the peer announced in its cache table. Both are checked against that table.
+Status Impl::ResolvePiece(const Transfer &base, const LayerPiece &pc, int64_t *cache_id, uint32_t *tensor,
+                          uint64_t *base_off) {
+  const auto &caches = base.link->caches;
+  if (pc.dst_cache_id > 0) {
+    auto it = caches.find(pc.dst_cache_id);
+    if (it == caches.end())
+      return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld (as of linking)",
+                  (unsigned long long)base.link->remote_cluster_id, (long long)pc.dst_cache_id);
+    if (pc.dst_tensor >= it->second.num_tensors)
+      return Fail(LLM_PARAM_INVALID, "remote cache %lld has %u tensors; tensor %u was asked for",
+                  (long long)pc.dst_cache_id, it->second.num_tensors, pc.dst_tensor);
+    *cache_id = pc.dst_cache_id;
+    *tensor = pc.dst_tensor;
+    *base_off = 0;
+    return LLM_SUCCESS;
+  }
+  for (const auto &kv : caches) {
+    const RemoteCache &rc = kv.second;
+    for (uint32_t k = 0; k < rc.addrs.size(); ++k)
+      if (pc.dst_addr >= rc.addrs[k] && pc.dst_addr - rc.addrs[k] < rc.tensor_bytes) {
+        *cache_id = kv.first;
+        *tensor = k;
+        *base_off = pc.dst_addr - rc.addrs[k];
+        return LLM_SUCCESS;
+      }
+  }
+  return Fail(LLM_PARAM_INVALID, "dst address 0x%llx is in no tensor cluster %llu registered",
+              (unsigned long long)pc.dst_addr, (unsigned long long)base.link->remote_cluster_id);
+}
+
+// Checks one piece against both tables and adds it to the transfer of its remote cache.
+Status Impl::AddLayerPiece(Transfer *base, const LayerPiece &pc, std::vector<TransferPtr> *ts,
+                           std::vector<std::vector<LayerItem>> *layers) {
+  const CacheEntry &lc = *base->local;
+  if (pc.src_tensor >= lc.num_tensors)
+    return Fail(LLM_PARAM_INVALID, "src tensor %u is out of range for local cache %lld (%u tensors)", pc.src_tensor,
+                (long long)lc.id, lc.num_tensors);
+  if (pc.layer >= layers->size()) return Fail(LLM_PARAM_INVALID, "piece of layer %u of %zu", pc.layer, layers->size());
+  int64_t cid;
+  uint32_t tensor;
+  uint64_t off;
+  Status st;
+  if ((st = ResolvePiece(*base, pc, &cid, &tensor, &off)) != LLM_SUCCESS) return st;
+  size_t ti = 0;
+  while (ti < ts->size() && (*ts)[ti]->remote->id != cid) ++ti;
+  if (ti == ts->size()) {
+    TransferPtr t = NewTransfer();
+    t->deadline = base->deadline;
+    t->local = base->local;
+    t->link = base->link;
+    if ((st = FindRemote(t.get(), cid)) != LLM_SUCCESS) return st;
+    t->remote_use.reset();
+    ts->push_back(std::move(t));
+  }
+  const RemoteCache &rc = *(*ts)[ti]->remote;
+  Plan plan;
+  plan.PairTensors(pc.src_tensor, tensor, 1);
+  for (const LayerSegment &s : pc.segs) {
+    if (s.len == 0 || s.src_off > lc.tensor_bytes || s.len > lc.tensor_bytes - s.src_off)
+      return Fail(LLM_PARAM_INVALID, "bytes [%llu, +%llu) are outside local tensor %u (%llu bytes)",
+                  (unsigned long long)s.src_off, (unsigned long long)s.len, pc.src_tensor,
+                  (unsigned long long)lc.tensor_bytes);
+    const uint64_t d = off + s.dst_off;
+    if (d < off || d > rc.tensor_bytes || s.len > rc.tensor_bytes - d)
+      return Fail(LLM_PARAM_INVALID, "bytes [%llu, +%llu) are outside tensor %u of remote cache %lld (%llu bytes)",
+                  (unsigned long long)d, (unsigned long long)s.len, tensor, (long long)rc.id,
+                  (unsigned long long)rc.tensor_bytes);
+    plan.AddRange(s.src_off, d, s.len);
+  }
+  if (plan.segs.empty()) return Fail(LLM_PARAM_INVALID, "a piece of layer %u has no bytes", pc.layer);
+  (*layers)[pc.layer].push_back(LayerItem{ti, std::move(plan)});
+  return LLM_SUCCESS;
+}
+
+// One layer's plan on a detached transfer: takes the locks, runs it, lets them go again.
+// The plan is swapped in and out, so a layer costs no allocation.
+Status Impl::ExecuteLayer(Transfer *t, Plan *plan, int64_t deadline) {
+  std::swap(t->plan, *plan);
+  t->deadline = deadline;
+  const Status st = ExecuteDetached(t, false);
+  Detach(t);
+  std::swap(t->plan, *plan);
+  return st;
+}
+
+int64_t Impl::TransferDeadline(const Transfer *t) { return t->deadline; }
+
 // ------------------------------------------------------------------ extensions
 Status Impl::FindRemoteCache(uint64_t cluster_id, int64_t key, int64_t *cache_id) {
   Transfer t;
@@ -333,6 +454,85 @@ Status Impl::FindRemoteCache(uint64_t cluster_id, int64_t key, int64_t *cache_id
     }
   return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache with key %lld", (unsigned long long)cluster_id,
               (long long)key);
+}
+
+Status Impl::DescribeRemoteCache(uint64_t cluster_id, int64_t cache_id, RemoteCacheInfo *out) {
+  Transfer t;
+  Status st;
+  if ((st = FindLink(&t, cluster_id)) != LLM_SUCCESS) return st;
+  auto it = t.link->caches.find(cache_id);
+  if (it == t.link->caches.end())
+    return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld (as of linking)", (unsigned long long)cluster_id,
+                (long long)cache_id);
+  const RemoteCache &rc = it->second;
+  out->cache_id = rc.id;
+  out->key = rc.key;
+  out->num_tensors = rc.num_tensors;
+  out->tensor_bytes = rc.tensor_bytes;
+  out->num_blocks = rc.num_blocks;
+  out->batch_size = rc.batch_size;
+  out->stride = rc.stride;
+  out->addrs = rc.addrs;
+  out->allocated = rc.has_memfd;
+  out->batch_keys = rc.batch_keys;
+  return LLM_SUCCESS;
+}
+
+Status Impl::FindRemoteKey(uint64_t cluster_id, int64_t key, int64_t *cache_id, uint32_t *batch_index) {
+  Transfer t;
+  Status st;
+  if ((st = FindLink(&t, cluster_id)) != LLM_SUCCESS) return st;
+  for (const auto &kv : t.link->caches)
+    for (size_t b = 0; b < kv.second.batch_keys.size(); ++b)
+      if (key >= 0 && kv.second.batch_keys[b] == key) {
+        *cache_id = kv.first;
+        *batch_index = static_cast<uint32_t>(b);
+        return LLM_SUCCESS;
+      }
+  for (const auto &kv : t.link->caches)
+    if (kv.second.key == key) {
+      *cache_id = kv.first;
+      *batch_index = 0;
+      return LLM_SUCCESS;
+    }
+  return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache with key %lld", (unsigned long long)cluster_id,
+              (long long)key);
+}
+
+// Row src.batch_index of a contiguous remote cache, cut into local blocks: chunk j -> dst_blocks[j].
+Status Impl::PullRowToBlocks(const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &dst_blocks,
+                             const KvCacheExtParam &ext) {
+  Transfer t;
+  Status st;
+  if ((st = Begin(&t, true)) != LLM_SUCCESS) return st;
+  if ((st = CheckPullRanges(ext)) != LLM_SUCCESS) return st;
+  if (dst_blocks.empty()) return Fail(LLM_PARAM_INVALID, "dst_blocks is empty");
+  if (src.cluster_id == cluster_id_) return Fail(LLM_PARAM_INVALID, "src_index.cluster_id is this engine's own");
+  if ((st = FindLocal(&t, dst.cache_id)) != LLM_SUCCESS) return st;
+  const CacheEntry &lc = *t.local;
+  if (lc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "local cache %lld holds batches, not blocks", (long long)lc.id);
+  bool explicit_range;
+  TensorSpan span;
+  if ((st = PullSpan(ext, lc, &explicit_range, &span)) != LLM_SUCCESS) return st;
+  if ((st = FindLink(&t, src.cluster_id)) != LLM_SUCCESS) return st;
+  if ((st = CheckBlocks("dst_blocks", dst_blocks, lc.num_blocks, "local", lc.id)) != LLM_SUCCESS) return st;
+  if ((st = FindRemote(&t, src.cache_id)) != LLM_SUCCESS) return st;
+  const RemoteCache &rc = *t.remote;
+  if (rc.kind == CacheKind::kBlocks) return Fail(LLM_PARAM_INVALID, "remote cache %lld holds blocks, not batches", (long long)rc.id);
+  if ((st = CheckRemoteSpan(span, explicit_range, rc, lc.num_tensors)) != LLM_SUCCESS) return st;
+  if (src.batch_index >= rc.batch_size)
+    return Fail(LLM_KV_CACHE_NOT_EXIST, "src_index.batch_index=%u is out of range for remote cache %lld (%llu batches)",
+                src.batch_index, (long long)rc.id, (unsigned long long)rc.batch_size);
+  const uint64_t chunks = (rc.stride + lc.stride - 1) / lc.stride;
+  if (dst_blocks.size() > chunks)
+    return Fail(LLM_PARAM_INVALID, "%zu dst_blocks for a %llu-byte remote row of %llu local blocks", dst_blocks.size(),
+                (unsigned long long)rc.stride, (unsigned long long)chunks);
+  t.plan.PairTensors(span.src_begin, span.dst_begin, span.count);
+  for (size_t j = 0; j < dst_blocks.size(); ++j) {
+    const uint64_t off = j * lc.stride;
+    t.plan.AddRange(src.batch_index * rc.stride + off, dst_blocks[j] * lc.stride, std::min(lc.stride, rc.stride - off));
+  }
+  return Execute(&t, true);
 }
 
 std::string Impl::LinkPath(uint64_t cluster_id) {
