@@ -78,6 +78,9 @@ class Impl {
   // async.cc: asynchronous blocks transfers; every request is checked (as the synchronous call)
   // before any is submitted. `failed` is the index of the request that failed.
   Status SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *out, size_t *failed);
+  // One request, without copying its lists into a BlocksRequest (the submission fast path).
+  Status SubmitOne(bool pull, const CacheIndex &remote, const Cache &local, const std::vector<uint64_t> &src_blocks,
+                   const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext, TransferHandle *out);
 
  private:
   bool initialized() const { return initialized_.load(std::memory_order_acquire); }
@@ -119,11 +122,25 @@ class Impl {
   // transfer.cc, for async.cc: a prepared transfer handed to a worker thread
   TransferPtr NewTransfer();
   Status PrepareBlocks(Transfer *t, const BlocksRequest &r);
+  Status PrepareBlocks(Transfer *t, bool pull, const CacheIndex &remote, const Cache &local,
+                       const std::vector<uint64_t> &src, const std::vector<uint64_t> &dst, const KvCacheExtParam &ext);
   void Detach(Transfer *t);
   Status ExecuteDetached(Transfer *t, bool pull);
+  Status ResumeDetached(Transfer *t, bool pull);
+  Status ConcludeDetached(Transfer *t, bool pull, Status st);
+  Status Conclude(Transfer *t, bool pull, Status st);
+  const void *PipelineKey(const Transfer *t, bool pull);
+  bool BriefCopy(const Transfer *t);
+  bool InlineCopy(const Transfer *t);
+  std::shared_ptr<void> LinkOf(const Transfer *t);
+  Status StartPiped(Transfer *t, bool pull, struct PipeItem *item);
+  Status FinishPiped(Transfer *t, bool pull, Status st);
   // async.cc
   friend class AsyncPool;
   void RunDetached(TransferPtr t, bool pull, const std::shared_ptr<TransferState> &s);
+  std::shared_ptr<class AsyncPool> Pool();
+  void Post(AsyncPool &pool, TransferPtr t, bool pull, TransferHandle *out);
+  friend class PoolFeed;
   // caches.cc
   Status NotifyCacheGone(int64_t cache_id, int64_t deadline);
 
