@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -76,7 +77,8 @@ class AsyncPool {
       if (!covered && !StartWorker()) return false;
       q_.push_back(std::move(job));
       queued_.store(q_.size(), std::memory_order_release);
-      wake = idle_ > 0 && !covered;
+      wake = idle_ > waking_ && !covered;
+      if (wake) ++waking_;
     }
     if (wake) cv_.notify_one();
     return true;
@@ -89,7 +91,11 @@ class AsyncPool {
   bool Covered(const void *key) const {
     if (spinning_.load(std::memory_order_relaxed) && q_.empty()) return true;
     if (key != nullptr && std::find(piping_.begin(), piping_.end(), key) != piping_.end()) return true;
-    return q_.size() < brief_;
+    // A worker already woken for a queued job of this key will run this one in the same run.
+    if (key != nullptr && waking_ > 0 &&
+        std::find_if(q_.begin(), q_.end(), [key](const Job &j) { return j.key == key; }) != q_.end())
+      return true;
+    return q_.size() < brief_ + waking_;
   }
 
   // Starts a worker unless a sleeping one can be woken; false when none exists and none started.
@@ -144,8 +150,15 @@ class AsyncPool {
           if (got) continue;
           if (!q_.empty()) continue;
         }
+        // waking_ may only be too low (a wake-up too many), never too high (a job left asleep):
+        // with the queue empty no notified worker is owed a job, and a wait is at most kIdleNs.
+        waking_ = 0;
         ++idle_;
-        cv_.wait(lk, [this] { return stop_ || !q_.empty(); });
+        while (!stop_ && q_.empty()) {
+          const bool notified = cv_.wait_for(lk, std::chrono::nanoseconds(kIdleNs)) == std::cv_status::no_timeout;
+          if (notified && waking_ > 0) --waking_;
+          if (!notified) waking_ = 0;
+        }
         --idle_;
         continue;
       }
@@ -153,7 +166,8 @@ class AsyncPool {
       Take(nullptr, &job);
       if (job.brief) ++brief_;
       if (job.key != nullptr) piping_.push_back(job.key);
-      const bool more = !q_.empty() && idle_ > 0 && !Covered(q_.front().key);
+      const bool more = !q_.empty() && idle_ > waking_ && !Covered(q_.front().key);
+      if (more) ++waking_;
       lk.unlock();
       if (more) cv_.notify_one();
       const bool brief = job.brief;
@@ -173,7 +187,9 @@ class AsyncPool {
   std::atomic<bool> spinning_{false};  // a worker is polling the queue
   size_t idle_ = 0;                    // workers asleep on cv_
   size_t brief_ = 0;                   // workers running a brief job
+  size_t waking_ = 0;                  // workers notified that have not yet woken
   bool stop_ = false;
+  static constexpr int64_t kIdleNs = 10 * kMsNs;  // bounds a job's wait should a wake-up go astray
 };
 
 // Feeds one pipelined run from the pool's queue: the first job, then every job of the same key

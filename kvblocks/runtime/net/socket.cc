@@ -7,8 +7,10 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +35,8 @@ int64_t SpinNs() {
   return ns;
 }
 
+thread_local bool t_no_spin = false;
+
 // Waits for `events`; returns false on timeout. Deadline 0 waits forever (only serving threads,
 // which are woken by shutdown()).
 IoResult WaitFd(int fd, short events, int64_t deadline) {
@@ -40,7 +44,7 @@ IoResult WaitFd(int fd, short events, int64_t deadline) {
   // CPU, and on virtual machines that wake-up (an inter-processor interrupt through the
   // hypervisor) costs tens of microseconds: more than a small transfer. KVBLOCKS_SPIN_US sets it.
   // Only reads spin: a writer waiting for buffer space would steal the CPU its reader needs.
-  const int64_t spin = events == POLLIN ? SpinNs() : 0;
+  const int64_t spin = events == POLLIN && !t_no_spin ? SpinNs() : 0;
   if (spin > 0) {
     const int64_t until = deadline != 0 ? std::min<int64_t>(NowNs() + spin, deadline) : NowNs() + spin;
     do {
@@ -151,6 +155,72 @@ IoResult RecvPayload(int fd, const FrameHeader &h, std::string *out, int64_t dea
   if (h.length > max) return IoResult::kError;
   out->resize(h.length);
   return h.length == 0 ? IoResult::kOk : RecvAll(fd, &(*out)[0], h.length, deadline);
+}
+
+NoSpin::NoSpin() : was_(t_no_spin) { t_no_spin = true; }
+NoSpin::~NoSpin() { t_no_spin = was_; }
+
+// ------------------------------------------------------------------ RecvBuffer
+size_t RecvBuffer::Take(void *p, size_t n) {
+  const size_t k = std::min(n, end_ - pos_);
+  memcpy(p, buf_ + pos_, k);
+  pos_ += k;
+  if (pos_ == end_) pos_ = end_ = 0;
+  return k;
+}
+
+IoResult RecvBuffer::Fill(int64_t deadline) {
+  for (;;) {
+    if (deadline != 0 && NowNs() >= deadline) return IoResult::kTimeout;
+    const ssize_t n = recv(fd_, buf_ + end_, sizeof(buf_) - end_, MSG_DONTWAIT);
+    if (n > 0) {
+      end_ += static_cast<size_t>(n);
+      return IoResult::kOk;
+    }
+    if (n == 0) return IoResult::kClosed;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return Classify(errno);
+    const IoResult w = WaitFd(fd_, POLLIN, deadline);
+    if (w != IoResult::kOk) return w;
+  }
+}
+
+IoResult RecvBuffer::Read(void *p, size_t n, int64_t deadline) {
+  uint8_t *d = static_cast<uint8_t *>(p);
+  for (;;) {
+    const size_t k = Take(d, n);
+    d += k;
+    n -= k;
+    if (n == 0) return IoResult::kOk;
+    if (n >= sizeof(buf_)) return RecvAll(fd_, d, n, deadline);  // large: straight to its place
+    const IoResult r = Fill(deadline);
+    if (r != IoResult::kOk) return r;
+  }
+}
+
+IoResult RecvBuffer::ReadIov(struct iovec *iov, size_t iovcnt, int64_t deadline) {
+  size_t i = 0;
+  while (i < iovcnt && !empty()) {
+    if (deadline != 0 && NowNs() >= deadline) return IoResult::kTimeout;
+    const size_t k = Take(iov[i].iov_base, iov[i].iov_len);
+    iov[i].iov_base = static_cast<uint8_t *>(iov[i].iov_base) + k;
+    iov[i].iov_len -= k;
+    if (iov[i].iov_len == 0) ++i;
+  }
+  return i == iovcnt ? IoResult::kOk : RecvIov(fd_, iov + i, iovcnt - i, deadline);
+}
+
+IoResult RecvBuffer::ReadHeader(FrameHeader *h, int64_t deadline) {
+  uint8_t head[kFrameHeaderBytes];
+  const IoResult r = Read(head, sizeof(head), deadline);
+  if (r != IoResult::kOk) return r;
+  return DecodeHeader(head, h) ? IoResult::kOk : IoResult::kError;
+}
+
+IoResult RecvBuffer::ReadPayload(const FrameHeader &h, std::string *out, int64_t deadline, uint64_t max) {
+  if (h.length > max) return IoResult::kError;
+  out->resize(h.length);
+  return h.length == 0 ? IoResult::kOk : Read(&(*out)[0], h.length, deadline);
 }
 
 Status StatusOf(IoResult r) {

@@ -277,6 +277,7 @@ void TcpPath::ExecutePipelined(PipeFeed *feed) {
     feed->Done(it, st);
     return;  // the rest stay queued and start on their own
   }
+  const NoSpin no_spin;  // a run has its next reply coming: a spin would only slow the peer
   std::deque<Pending> q;  // written or being written, reply not read; stable addresses
   SendQueue out;
   bool got = true, reusable = true, broken = false;  // got: `it` is taken but not yet queued
