@@ -67,6 +67,9 @@ constexpr uint64_t kInlineCopyBytes = 16ULL << 10;
 // ---- defaults
 constexpr int64_t kDefaultWaitMs = 1000;  // llm.SyncKvCacheWaitTime
 constexpr int64_t kDefaultSpinUs = 50;    // KVBLOCKS_SPIN_US
+// A thread whose read spin was preempted (the cores are busy with other work) waits in poll()
+// without spinning for this long; then it tries spinning again.
+constexpr int64_t kSpinBackoffNs = 100 * kMsNs;
 
 }  // namespace kvblocks
 

@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +37,33 @@ int64_t SpinNs() {
 }
 
 thread_local bool t_no_spin = false;
+thread_local int64_t t_spin_off_until = 0;  // this thread saw the machine busy: no spin until then
+
+int64_t ThreadCpuNs() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+// Polls without sleeping until `until`; true when the fd is ready. A spin that got less than half
+// of its wall time on the CPU was preempted: the cores are busy with other work, where a spinner
+// only delays the thread it waits for (and loses the scheduler's favour for woken sleepers), so
+// this thread stops spinning for kSpinBackoffNs.
+bool SpinPoll(int fd, short events, int64_t until, short *revents) {
+  const int64_t wall0 = NowNs(), cpu0 = ThreadCpuNs();
+  bool ready = false;
+  do {
+    pollfd p{fd, events, 0};
+    if (poll(&p, 1, 0) > 0) {
+      *revents = p.revents;
+      ready = true;
+      break;
+    }
+  } while (NowNs() < until);
+  const int64_t wall = NowNs() - wall0;
+  if (wall > 20000 && 2 * (ThreadCpuNs() - cpu0) < wall) t_spin_off_until = NowNs() + kSpinBackoffNs;
+  return ready;
+}
 
 // Waits for `events`; returns false on timeout. Deadline 0 waits forever (only serving threads,
 // which are woken by shutdown()).
@@ -45,12 +73,10 @@ IoResult WaitFd(int fd, short events, int64_t deadline) {
   // hypervisor) costs tens of microseconds: more than a small transfer. KVBLOCKS_SPIN_US sets it.
   // Only reads spin: a writer waiting for buffer space would steal the CPU its reader needs.
   const int64_t spin = events == POLLIN && !t_no_spin ? SpinNs() : 0;
-  if (spin > 0) {
+  if (spin > 0 && NowNs() >= t_spin_off_until) {
     const int64_t until = deadline != 0 ? std::min<int64_t>(NowNs() + spin, deadline) : NowNs() + spin;
-    do {
-      pollfd p{fd, events, 0};
-      if (poll(&p, 1, 0) > 0) return (p.revents & POLLNVAL) ? IoResult::kError : IoResult::kOk;
-    } while (NowNs() < until);
+    short revents = 0;
+    if (SpinPoll(fd, events, until, &revents)) return (revents & POLLNVAL) ? IoResult::kError : IoResult::kOk;
   }
   for (;;) {
     int timeout_ms = -1;
