@@ -93,7 +93,7 @@ class TcpPath : public Path {
 
  private:
   void Build(const PipeItem &it, Pending *p) const;
-  Status ReadReply(int fd, Pending &p, bool *reusable);
+  Status ReadReply(RecvBuffer &rb, Pending &p, bool *reusable);
   Status Exchange(int fd, std::vector<iovec> &iov, size_t head, bool pull, bool inline_data, uint64_t total,
                   int64_t deadline, bool *reusable);
   Link *link_;  // owns this path
@@ -103,6 +103,18 @@ class TcpPath : public Path {
 // Expects a reply frame of `type`; a non-zero status ends the exchange with it.
 Status Expect(int fd, uint16_t type, int64_t deadline, FrameHeader *h, bool *reusable) {
   const IoResult r = RecvHeader(fd, h, deadline);
+  if (r != IoResult::kOk) return Fail(StatusOf(r), "the peer did not answer in time or closed the channel");
+  if (h->type != type) return Fail(LLM_LINK_FAILED, "unexpected frame type %u from the peer", h->type);
+  if (h->status != LLM_SUCCESS) {
+    *reusable = h->length == 0;
+    return Fail(h->status, "the peer refused the request");
+  }
+  return LLM_SUCCESS;
+}
+
+// Expect, reading through the run's buffer.
+Status Expect(RecvBuffer &rb, uint16_t type, int64_t deadline, FrameHeader *h, bool *reusable) {
+  const IoResult r = rb.ReadHeader(h, deadline);
   if (r != IoResult::kOk) return Fail(StatusOf(r), "the peer did not answer in time or closed the channel");
   if (h->type != type) return Fail(LLM_LINK_FAILED, "unexpected frame type %u from the peer", h->type);
   if (h->status != LLM_SUCCESS) {
@@ -193,10 +205,10 @@ void TcpPath::Build(const PipeItem &it, Pending *p) const {
 }
 
 // Reads the reply to `p`, the oldest request in flight, by p's deadline.
-Status TcpPath::ReadReply(int fd, Pending &p, bool *reusable) {
+Status TcpPath::ReadReply(RecvBuffer &rb, Pending &p, bool *reusable) {
   FrameHeader h;
   *reusable = false;
-  Status st = Expect(fd, p.item.pull ? kReadResp : kWriteDone, p.item.deadline, &h, reusable);
+  Status st = Expect(rb, p.item.pull ? kReadResp : kWriteDone, p.item.deadline, &h, reusable);
   if (st != LLM_SUCCESS) return st;
   if (!p.item.pull) {
     *reusable = h.length == 0;
@@ -206,7 +218,7 @@ Status TcpPath::ReadReply(int fd, Pending &p, bool *reusable) {
   if (h.length != p.total)
     return Fail(LLM_LINK_FAILED, "the peer announced %llu bytes, not %llu", static_cast<unsigned long long>(h.length),
                 static_cast<unsigned long long>(p.total));
-  st = StatusOf(RecvIov(fd, p.data.data(), p.data.size(), p.item.deadline));
+  st = StatusOf(rb.ReadIov(p.data.data(), p.data.size(), p.item.deadline));
   *reusable = st == LLM_SUCCESS;
   return st;
 }
@@ -279,6 +291,7 @@ void TcpPath::ExecutePipelined(PipeFeed *feed) {
   }
   const NoSpin no_spin;  // a run has its next reply coming: a spin would only slow the peer
   std::deque<Pending> q;  // written or being written, reply not read; stable addresses
+  RecvBuffer rb(fd);      // one recv for several small replies, copied out reply by reply
   SendQueue out;
   bool got = true, reusable = true, broken = false;  // got: `it` is taken but not yet queued
   for (;;) {
@@ -297,7 +310,7 @@ void TcpPath::ExecutePipelined(PipeFeed *feed) {
     IoResult w = out.Flush(fd);
     while (w == IoResult::kOk && out.sent < p.sent_end && (w = WaitWritable(fd, p.item.deadline)) == IoResult::kOk)
       w = out.Flush(fd);
-    st = w == IoResult::kOk ? ReadReply(fd, p, &reusable) : Fail(StatusOf(w), "the peer stopped reading requests");
+    st = w == IoResult::kOk ? ReadReply(rb, p, &reusable) : Fail(StatusOf(w), "the peer stopped reading requests");
     if (st == LLM_LINK_FAILED && NowNs() >= p.item.deadline - kDeadlineSlackNs && link_->alive.load()) st = LLM_TIMEOUT;
     feed->Done(p.item, st);
     broken = st != LLM_SUCCESS && !reusable;
