@@ -178,6 +178,60 @@ def raw_send_case(size):
                 note="Python sendall of the same bytes to the peer process + 1-byte ack", pgroup=f"tcp-{size}")
 
 
+def raw_send_c_case(size):
+    """libc ``send()`` (through ctypes: one Python step per 1 MiB write, the writes themselves in C)
+    of the bytes of one ``size`` call to the same sink as :func:`raw_send_case`. Raises nothing;
+    the case's ``fn`` raises RuntimeError on a bad ack, OSError on socket errors."""
+    L, nb, bb, B = SIZES[size]
+    nbytes = 2 * L * B * bb
+
+    def make(h):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        send = libc.send
+        send.restype = ctypes.c_ssize_t
+        send.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        s = _raw_socket(h, b"S")
+        fd = s.fileno()
+        payload = _np().zeros(nbytes, dtype=_np().uint8)
+        base = payload.ctypes.data
+        hdr = nbytes.to_bytes(8, "little")
+
+        def fn():
+            assert payload.size == nbytes  # keeps the buffer alive with fn
+            s.sendall(hdr)
+            off = 0
+            while off < nbytes:
+                n = send(fd, base + off, min(MiB, nbytes - off), 0)
+                if n <= 0:
+                    raise OSError(ctypes.get_errno(), "send failed")
+                off += n
+            if s.recv(1) != b"k":
+                raise RuntimeError("raw sink: bad ack")
+        return fn, None
+
+    return Case(f"tcp/raw-send-c/{size}", "tcp", make, bytes=nbytes, reps=size, path="raw",
+                note="C send() of the same bytes in 1 MiB writes (libc via ctypes) + 1-byte ack",
+                pgroup=f"tcp-{size}")
+
+
+def loaded(case, baseline=None):
+    """``case`` measured while every core runs an unrelated busy loop started for it (and stopped
+    after its row), as ``<id>/loaded`` beside ``baseline``. Raises nothing."""
+    inner = case.make
+
+    def make(h):
+        h.cpu_load(True)
+        return inner(h)
+
+    c = Case(f"{case.id}/loaded", case.group, make, baseline=baseline, bytes=case.bytes, blocks=case.blocks,
+             reps=case.reps, path=case.path, fast=case.fast, note=(case.note + "; " if case.note else "") +
+             "every core busy with an unrelated load", pgroup=case.pgroup)
+    c.after = lambda h: h.cpu_load(False)
+    return c
+
+
 def pingpong_case():
     """An 8-byte request/response round trip with the peer. Raises nothing; the case's ``fn``
     raises OSError on socket errors."""

@@ -246,9 +246,14 @@ def _transfer_block(path):
     for size in ("small", "large"):
         if path == "tcp":
             out.append(bl.raw_send_case(size))
+        if path == "tcp" and size == "large":
+            out.append(bl.raw_send_c_case(size))
         if path == "cma":
             out += [bl.raw_cma_case(size, direction, "random") for direction in ("pull", "push")]
         out += [_transfer_case(path, size, d, p) for d in ("pull", "push") for p in ("random", "contig")]
+        if path == "tcp" and size == "small":  # the round trip with both CPUs busy
+            ping = bl.loaded(bl.pingpong_case())
+            out += [ping, bl.loaded(_transfer_case(path, size, "pull", "random"), baseline=ping.id)]
     return out
 
 

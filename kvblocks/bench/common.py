@@ -69,6 +69,7 @@ class Case:
         self.pgroup = pgroup or group  # pytest-benchmark group
         self.series = series
         self.custom = None  # a function(h) -> samples in seconds (import times)
+        self.after = None  # a function(h) run once the row is measured (stops a CPU load)
 
     def __repr__(self):
         return self.id

@@ -259,6 +259,7 @@ class Harness:
         self.pairs = {}
         self.inproc = None
         self.sockets = []  # raw baseline connections, closed with the harness
+        self.load = []  # busy-loop processes of the loaded cases (cpu_load)
         self._next_id = itertools.count(1)
         self.nonce = itertools.count(1)
 
@@ -342,8 +343,27 @@ class Harness:
             self.inproc = _linked_inprocess()
         return self.inproc
 
+    def cpu_load(self, on):
+        """Starts (``on``) or stops an unrelated CPU load: one busy-looping process per core, at
+        normal priority, so every core is busy while a loaded case runs. Idempotent.
+
+        Raises:
+            OSError: a load process cannot be started.
+        """
+        import subprocess
+        import sys
+        if on and not self.load:
+            self.load = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                         for _ in range(os.cpu_count() or 2)]
+        elif not on:
+            for p in self.load:
+                p.kill()
+                p.wait()
+            self.load = []
+
     def close(self):
         """Frees every pair and stops every peer; best effort. Raises nothing."""
+        self.cpu_load(False)
         for p in list(self.pairs.values()):
             try:
                 p.free()

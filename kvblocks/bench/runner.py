@@ -140,6 +140,9 @@ class _Run:
                 row["link_path"] = self.h.link_path(TRANSPORT[c.path])
         except Exception as e:  # keep going; the row says why
             row["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            if c.after is not None:
+                c.after(self.h)
         return row
 
     def measure(self, c, fn, row):

@@ -163,45 +163,20 @@ int ImplAccess::LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id)
 // ------------------------------------------------------------------ asynchronous transfers
 namespace kvblocks {
 
-namespace {
-Status SubmitOneUnguarded(llm_datadist::LlmDataDist &dd, bool pull, const CacheIndex &remote, const Cache &local,
-                          const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
-                          const KvCacheExtParam &ext_param, TransferHandle &out) {
-  std::vector<BlocksRequest> one(1);
-  BlocksRequest &r = one[0];
-  r.pull = pull;
-  r.remote = remote;
-  r.local = local;
-  r.src_blocks = src_blocks;
-  r.dst_blocks = dst_blocks;
-  r.ext = ext_param;
-  std::vector<TransferHandle> handles;
-  size_t failed = 0;
-  const Status st = ImplAccess::SubmitBlocksBatch(dd, one, handles, failed);
-  if (st == LLM_SUCCESS) out = handles[0];
-  return st;
-}
-
-Status SubmitOne(llm_datadist::LlmDataDist &dd, bool pull, const CacheIndex &remote, const Cache &local,
-                 const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
-                 const KvCacheExtParam &ext_param, TransferHandle &out) noexcept {
-  return llm_datadist::Guard([&] { return SubmitOneUnguarded(dd, pull, remote, local, src_blocks, dst_blocks,
-                                                             ext_param, out); });
-}
-}  // namespace
-
 Status ImplAccess::PullKvBlocksAsync(llm_datadist::LlmDataDist &dd, const CacheIndex &src_cache_index,
                                      const Cache &dst_cache, const std::vector<uint64_t> &src_blocks,
                                      const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext_param,
                                      TransferHandle &out) noexcept {
-  return SubmitOne(dd, true, src_cache_index, dst_cache, src_blocks, dst_blocks, ext_param, out);
+  return llm_datadist::Guard(
+      [&] { return dd.impl_->SubmitOne(true, src_cache_index, dst_cache, src_blocks, dst_blocks, ext_param, &out); });
 }
 
 Status ImplAccess::PushKvBlocksAsync(llm_datadist::LlmDataDist &dd, const Cache &src_cache,
                                      const CacheIndex &dst_cache_index, const std::vector<uint64_t> &src_blocks,
                                      const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext_param,
                                      TransferHandle &out) noexcept {
-  return SubmitOne(dd, false, dst_cache_index, src_cache, src_blocks, dst_blocks, ext_param, out);
+  return llm_datadist::Guard(
+      [&] { return dd.impl_->SubmitOne(false, dst_cache_index, src_cache, src_blocks, dst_blocks, ext_param, &out); });
 }
 
 Status ImplAccess::SubmitBlocksBatch(llm_datadist::LlmDataDist &dd, const std::vector<BlocksRequest> &requests,

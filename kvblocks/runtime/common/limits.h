@@ -57,6 +57,12 @@ constexpr size_t kMaxAsyncThreads = 2 * kMaxRequesterChannels;
 // One idle worker polls the queue this long before sleeping, so a burst of submissions costs no
 // wake-up system call each (a futex wake is 1-5 us on a loaded machine; a submission ~1 us).
 constexpr int64_t kAsyncSpinUs = 50;
+// A queued job wakes no worker while fewer jobs are queued than workers busy with one-sided copies
+// up to this size (tens of microseconds at most): one of them takes it sooner than a woken thread.
+constexpr uint64_t kBriefCopyBytes = 1ULL << 20;
+// A single submitted one-sided copy up to this size runs on the submitting thread: a memcpy or
+// process_vm_readv of 16 KiB (about 1 us) costs less than waking a worker to do it (2-5 us).
+constexpr uint64_t kInlineCopyBytes = 16ULL << 10;
 
 // ---- notifications (send_notify / get_notifies, as CANN hixl defines them)
 constexpr size_t kMaxNotifyName = 1024;     // bytes (UTF-8) of a notification's name: hixl's limit
@@ -74,6 +80,9 @@ constexpr int64_t kRangesAsyncDeadlineNs = 30 * kSecNs;
 // ---- defaults
 constexpr int64_t kDefaultWaitMs = 1000;  // llm.SyncKvCacheWaitTime
 constexpr int64_t kDefaultSpinUs = 50;    // KVBLOCKS_SPIN_US
+// A thread whose read spin was preempted (the cores are busy with other work) waits in poll()
+// without spinning for this long; then it tries spinning again.
+constexpr int64_t kSpinBackoffNs = 100 * kMsNs;
 
 }  // namespace kvblocks
 

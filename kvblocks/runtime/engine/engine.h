@@ -109,6 +109,9 @@ class Impl {
                              const std::vector<LayerPiece> &pieces, bool per_layer_deadline, LayerPush *out);
   // layerwise.cc, for LayerPushState's sender: one layer of a push, on a pool thread.
   Status ExecuteLayer(Transfer *t, Plan *plan, int64_t deadline);
+  // One request, without copying its lists into a BlocksRequest (the submission fast path).
+  Status SubmitOne(bool pull, const CacheIndex &remote, const Cache &local, const std::vector<uint64_t> &src_blocks,
+                   const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext, TransferHandle *out);
 
  private:
   bool initialized() const { return initialized_.load(std::memory_order_acquire); }
@@ -151,6 +154,8 @@ class Impl {
   // transfer.cc, for async.cc: a prepared transfer handed to a worker thread
   TransferPtr NewTransfer();
   Status PrepareBlocks(Transfer *t, const BlocksRequest &r);
+  Status PrepareBlocks(Transfer *t, bool pull, const CacheIndex &remote, const Cache &local,
+                       const std::vector<uint64_t> &src, const std::vector<uint64_t> &dst, const KvCacheExtParam &ext);
   void Detach(Transfer *t);
   Status ExecuteDetached(Transfer *t, bool pull);
   // transfer.cc, for layerwise.cc
@@ -174,6 +179,19 @@ class Impl {
                        int64_t deadline);
   // async.cc: hands a prepared (detached) transfer to the pool
   void SubmitPrepared(TransferPtr t, bool pull, TransferHandle *out);
+  Status ResumeDetached(Transfer *t, bool pull);
+  Status ConcludeDetached(Transfer *t, bool pull, Status st);
+  Status Conclude(Transfer *t, bool pull, Status st);
+  const void *PipelineKey(const Transfer *t, bool pull);
+  bool BriefCopy(const Transfer *t);
+  bool InlineCopy(const Transfer *t);
+  std::shared_ptr<void> LinkOf(const Transfer *t);
+  Status StartPiped(Transfer *t, bool pull, struct PipeItem *item);
+  Status FinishPiped(Transfer *t, bool pull, Status st);
+  // async.cc
+  std::shared_ptr<class AsyncPool> Pool();
+  void Post(AsyncPool &pool, TransferPtr t, bool pull, TransferHandle *out);
+  friend class PoolFeed;
   // caches.cc
   Status NotifyCacheGone(int64_t cache_id, int64_t deadline);
 

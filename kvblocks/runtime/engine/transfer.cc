@@ -3,6 +3,7 @@
 // remote cache's path. Every check runs before the first byte moves, so a failed call changes no
 // memory.
 #include <algorithm>
+#include <cstring>
 #include <memory>
 
 #include "common/error.h"
@@ -13,6 +14,7 @@
 #include "plan/plan.h"
 
 namespace kvblocks {
+
 
 namespace {
 
@@ -141,7 +143,10 @@ Status Impl::Execute(Transfer *t, bool pull) {
 Status Impl::ExecuteOne(Transfer *t, bool pull) {
   CacheUse use(*t->local);
   if (!use.ok) return Fail(LLM_KV_CACHE_NOT_EXIST, "local cache %lld was unregistered", static_cast<long long>(t->local->id));
-  const Status st = t->remote->path->Execute(t->plan, *t->local, pull, t->deadline);
+  return Conclude(t, pull, t->remote->path->Execute(t->plan, *t->local, pull, t->deadline));
+}
+
+Status Impl::Conclude(Transfer *t, bool pull, Status st) {
   // A timed-out or broken transfer leaves the link unusable, as in CANN: re-link to recover.
   if (st == LLM_TIMEOUT || st == LLM_LINK_FAILED) t->link->Fail();
   if (st == LLM_TIMEOUT)
@@ -289,8 +294,13 @@ void TransferFree::operator()(Transfer *t) const { delete t; }
 TransferPtr Impl::NewTransfer() { return TransferPtr(new Transfer); }
 
 Status Impl::PrepareBlocks(Transfer *t, const BlocksRequest &r) {
-  return r.pull ? PreparePullBlocks(*t, r.remote, r.local, r.src_blocks, r.dst_blocks, r.ext)
-                : PreparePushBlocks(*t, r.local, r.remote, r.src_blocks, r.dst_blocks, r.ext);
+  return PrepareBlocks(t, r.pull, r.remote, r.local, r.src_blocks, r.dst_blocks, r.ext);
+}
+
+Status Impl::PrepareBlocks(Transfer *t, bool pull, const CacheIndex &remote, const Cache &local,
+                           const std::vector<uint64_t> &src, const std::vector<uint64_t> &dst,
+                           const KvCacheExtParam &ext) {
+  return pull ? PreparePullBlocks(*t, remote, local, src, dst, ext) : PreparePushBlocks(*t, local, remote, src, dst, ext);
 }
 
 // A prepared transfer leaves the submitting thread without its locks: a lock is released by the
@@ -304,6 +314,11 @@ void Impl::Detach(Transfer *t) {
 // submission. A transfer still queued at its deadline fails with LLM_TIMEOUT but moved nothing,
 // so it leaves the link intact.
 Status Impl::ExecuteDetached(Transfer *t, bool pull) {
+  const Status st = ResumeDetached(t, pull);
+  return st != LLM_SUCCESS ? st : ConcludeDetached(t, pull, Execute(t, pull));
+}
+
+Status Impl::ResumeDetached(Transfer *t, bool pull) {
   t->state = std::shared_lock<std::shared_mutex>(state_mu_);
   const char *what = pull ? "pull" : "push";
   const unsigned long long peer = t->link->remote_cluster_id;
@@ -315,7 +330,12 @@ Status Impl::ExecuteDetached(Transfer *t, bool pull) {
   t->remote_use.reset(new RemoteUse(*t->remote));
   if (!t->remote_use->ok)
     return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu unregistered cache %lld", peer, static_cast<long long>(t->remote->id));
-  const Status st = Execute(t, pull);
+  return LLM_SUCCESS;
+}
+
+Status Impl::ConcludeDetached(Transfer *t, bool pull, Status st) {
+  const char *what = pull ? "pull" : "push";
+  const unsigned long long peer = t->link->remote_cluster_id;
   if (st == LLM_NOT_YET_LINK || st == LLM_LINK_FAILED)  // no-op when the path gave a reason
     Fail(st, "the link to cluster %llu broke while the %s was in flight (a transfer on it timed out or failed)",
          peer, what);
@@ -441,6 +461,41 @@ Status Impl::ExecuteLayer(Transfer *t, Plan *plan, int64_t deadline) {
 }
 
 int64_t Impl::TransferDeadline(const Transfer *t) { return t->deadline; }
+// A pipelined run (engine/async.cc) shares one channel between the transfers of one key.
+const void *Impl::PipelineKey(const Transfer *t, bool pull) { return t->remote->path->PipelineKey(t->plan, pull); }
+
+std::shared_ptr<void> Impl::LinkOf(const Transfer *t) { return t->link; }
+
+namespace {
+bool OneSided(const Transfer *t) {
+  const char *n = t->remote->path->name();
+  return strcmp(n, "inprocess") == 0 || strcmp(n, "shm") == 0 || strcmp(n, "cma") == 0;
+}
+}  // namespace
+
+// A one-sided copy small enough that the worker running it is soon free again.
+bool Impl::BriefCopy(const Transfer *t) { return OneSided(t) && t->plan.total_bytes() <= kBriefCopyBytes; }
+
+// A one-sided copy small enough to run on the submitting thread.
+bool Impl::InlineCopy(const Transfer *t) { return OneSided(t) && t->plan.total_bytes() <= kInlineCopyBytes; }
+
+// On the worker, for a transfer joining a pipelined run: what ExecuteDetached checks and Execute
+// holds, kept in the transfer until FinishPiped.
+Status Impl::StartPiped(Transfer *t, bool pull, PipeItem *item) {
+  Status st = ResumeDetached(t, pull);
+  if (st != LLM_SUCCESS) return st;
+  t->local_use.reset(new CacheUse(*t->local));
+  if (!t->local_use->ok)
+    return Fail(LLM_KV_CACHE_NOT_EXIST, "local cache %lld was unregistered", static_cast<long long>(t->local->id));
+  item->plan = &t->plan;
+  item->local = t->local.get();
+  item->path = t->remote->path.get();
+  item->pull = pull;
+  item->deadline = t->deadline;
+  return LLM_SUCCESS;
+}
+
+Status Impl::FinishPiped(Transfer *t, bool pull, Status st) { return ConcludeDetached(t, pull, Conclude(t, pull, st)); }
 
 // ------------------------------------------------------------------ extensions
 Status Impl::FindRemoteCache(uint64_t cluster_id, int64_t key, int64_t *cache_id) {

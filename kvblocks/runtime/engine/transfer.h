@@ -20,6 +20,7 @@ struct Transfer {
   std::shared_ptr<struct Link> link;
   const RemoteCache *remote = nullptr;
   std::unique_ptr<RemoteUse> remote_use;
+  std::unique_ptr<CacheUse> local_use;  // a pipelined transfer's (Impl::StartPiped)
   Plan plan;
   // Address-based transfers (ranges.cc) touch several (local, remote) cache pairs: one plan each.
   // They run after this one, in order, on the same link and deadline; they hold no engine lock.

@@ -7,8 +7,11 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +36,35 @@ int64_t SpinNs() {
   return ns;
 }
 
+thread_local bool t_no_spin = false;
+thread_local int64_t t_spin_off_until = 0;  // this thread saw the machine busy: no spin until then
+
+int64_t ThreadCpuNs() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+// Polls without sleeping until `until`; true when the fd is ready. A spin that got less than half
+// of its wall time on the CPU was preempted: the cores are busy with other work, where a spinner
+// only delays the thread it waits for (and loses the scheduler's favour for woken sleepers), so
+// this thread stops spinning for kSpinBackoffNs.
+bool SpinPoll(int fd, short events, int64_t until, short *revents) {
+  const int64_t wall0 = NowNs(), cpu0 = ThreadCpuNs();
+  bool ready = false;
+  do {
+    pollfd p{fd, events, 0};
+    if (poll(&p, 1, 0) > 0) {
+      *revents = p.revents;
+      ready = true;
+      break;
+    }
+  } while (NowNs() < until);
+  const int64_t wall = NowNs() - wall0;
+  if (wall > 20000 && 2 * (ThreadCpuNs() - cpu0) < wall) t_spin_off_until = NowNs() + kSpinBackoffNs;
+  return ready;
+}
+
 // Waits for `events`; returns false on timeout. Deadline 0 waits forever (only serving threads,
 // which are woken by shutdown()).
 IoResult WaitFd(int fd, short events, int64_t deadline) {
@@ -40,13 +72,11 @@ IoResult WaitFd(int fd, short events, int64_t deadline) {
   // CPU, and on virtual machines that wake-up (an inter-processor interrupt through the
   // hypervisor) costs tens of microseconds: more than a small transfer. KVBLOCKS_SPIN_US sets it.
   // Only reads spin: a writer waiting for buffer space would steal the CPU its reader needs.
-  const int64_t spin = events == POLLIN ? SpinNs() : 0;
-  if (spin > 0) {
+  const int64_t spin = events == POLLIN && !t_no_spin ? SpinNs() : 0;
+  if (spin > 0 && NowNs() >= t_spin_off_until) {
     const int64_t until = deadline != 0 ? std::min<int64_t>(NowNs() + spin, deadline) : NowNs() + spin;
-    do {
-      pollfd p{fd, events, 0};
-      if (poll(&p, 1, 0) > 0) return (p.revents & POLLNVAL) ? IoResult::kError : IoResult::kOk;
-    } while (NowNs() < until);
+    short revents = 0;
+    if (SpinPoll(fd, events, until, &revents)) return (revents & POLLNVAL) ? IoResult::kError : IoResult::kOk;
   }
   for (;;) {
     int timeout_ms = -1;
@@ -151,6 +181,72 @@ IoResult RecvPayload(int fd, const FrameHeader &h, std::string *out, int64_t dea
   if (h.length > max) return IoResult::kError;
   out->resize(h.length);
   return h.length == 0 ? IoResult::kOk : RecvAll(fd, &(*out)[0], h.length, deadline);
+}
+
+NoSpin::NoSpin() : was_(t_no_spin) { t_no_spin = true; }
+NoSpin::~NoSpin() { t_no_spin = was_; }
+
+// ------------------------------------------------------------------ RecvBuffer
+size_t RecvBuffer::Take(void *p, size_t n) {
+  const size_t k = std::min(n, end_ - pos_);
+  memcpy(p, buf_ + pos_, k);
+  pos_ += k;
+  if (pos_ == end_) pos_ = end_ = 0;
+  return k;
+}
+
+IoResult RecvBuffer::Fill(int64_t deadline) {
+  for (;;) {
+    if (deadline != 0 && NowNs() >= deadline) return IoResult::kTimeout;
+    const ssize_t n = recv(fd_, buf_ + end_, sizeof(buf_) - end_, MSG_DONTWAIT);
+    if (n > 0) {
+      end_ += static_cast<size_t>(n);
+      return IoResult::kOk;
+    }
+    if (n == 0) return IoResult::kClosed;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return Classify(errno);
+    const IoResult w = WaitFd(fd_, POLLIN, deadline);
+    if (w != IoResult::kOk) return w;
+  }
+}
+
+IoResult RecvBuffer::Read(void *p, size_t n, int64_t deadline) {
+  uint8_t *d = static_cast<uint8_t *>(p);
+  for (;;) {
+    const size_t k = Take(d, n);
+    d += k;
+    n -= k;
+    if (n == 0) return IoResult::kOk;
+    if (n >= sizeof(buf_)) return RecvAll(fd_, d, n, deadline);  // large: straight to its place
+    const IoResult r = Fill(deadline);
+    if (r != IoResult::kOk) return r;
+  }
+}
+
+IoResult RecvBuffer::ReadIov(struct iovec *iov, size_t iovcnt, int64_t deadline) {
+  size_t i = 0;
+  while (i < iovcnt && !empty()) {
+    if (deadline != 0 && NowNs() >= deadline) return IoResult::kTimeout;
+    const size_t k = Take(iov[i].iov_base, iov[i].iov_len);
+    iov[i].iov_base = static_cast<uint8_t *>(iov[i].iov_base) + k;
+    iov[i].iov_len -= k;
+    if (iov[i].iov_len == 0) ++i;
+  }
+  return i == iovcnt ? IoResult::kOk : RecvIov(fd_, iov + i, iovcnt - i, deadline);
+}
+
+IoResult RecvBuffer::ReadHeader(FrameHeader *h, int64_t deadline) {
+  uint8_t head[kFrameHeaderBytes];
+  const IoResult r = Read(head, sizeof(head), deadline);
+  if (r != IoResult::kOk) return r;
+  return DecodeHeader(head, h) ? IoResult::kOk : IoResult::kError;
+}
+
+IoResult RecvBuffer::ReadPayload(const FrameHeader &h, std::string *out, int64_t deadline, uint64_t max) {
+  if (h.length > max) return IoResult::kError;
+  out->resize(h.length);
+  return h.length == 0 ? IoResult::kOk : Read(&(*out)[0], h.length, deadline);
 }
 
 Status StatusOf(IoResult r) {

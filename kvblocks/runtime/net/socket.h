@@ -40,6 +40,41 @@ int ConnectTcp(const std::string &ip, uint16_t port, int64_t deadline, llm_datad
 int ListenTcp(const std::string &ip, uint32_t port, llm_datadist::Status *st);
 void TuneSocket(int fd);
 
+// While one lives, reads on this thread wait in poll() without spinning first (see WaitFd): for
+// threads that always have more work queued, where a spin only takes a core from the peer.
+class NoSpin {
+ public:
+  NoSpin();
+  ~NoSpin();
+  NoSpin(const NoSpin &) = delete;
+  NoSpin &operator=(const NoSpin &) = delete;
+
+ private:
+  bool was_;
+};
+
+// The receiving side of a serving channel: reads as much as the socket has into a buffer, so a
+// run of pipelined requests costs one recv, not a poll and two recvs each. Bytes beyond the buffer
+// (large inline data) are read straight into their destination.
+class RecvBuffer {
+ public:
+  explicit RecvBuffer(int fd) : fd_(fd) {}
+  bool empty() const { return pos_ == end_; }
+  IoResult Read(void *p, size_t n, int64_t deadline);
+  // Like RecvIov: the deadline is checked before every copy or read into `iov`.
+  IoResult ReadIov(struct iovec *iov, size_t iovcnt, int64_t deadline);
+  IoResult ReadHeader(FrameHeader *h, int64_t deadline);
+  IoResult ReadPayload(const FrameHeader &h, std::string *out, int64_t deadline, uint64_t max = kMaxControlPayload);
+
+ private:
+  size_t Take(void *p, size_t n);
+  IoResult Fill(int64_t deadline);  // at least one more byte, as many as the socket has
+
+  int fd_;
+  size_t pos_ = 0, end_ = 0;
+  uint8_t buf_[16384];
+};
+
 llm_datadist::Status StatusOf(IoResult r);  // timeout -> LLM_TIMEOUT, other failures -> LLM_LINK_FAILED
 
 // Appends [p, p+len) to an iovec list, merging it into the last entry when they touch.

@@ -17,6 +17,27 @@
 namespace kvblocks {
 
 struct Link;
+class Path;
+
+// One transfer of a pipelined run (Path::ExecutePipelined): the arguments of Path::Execute.
+struct PipeItem {
+  const Plan *plan = nullptr;
+  const CacheEntry *local = nullptr;
+  Path *path = nullptr;  // returned the run's PipelineKey for this plan
+  bool pull = true;
+  int64_t deadline = 0;
+  void *tag = nullptr;  // the feed's
+};
+
+// Where a pipelined run takes its transfers from and reports each one's end.
+class PipeFeed {
+ public:
+  virtual ~PipeFeed() = default;
+  // Another transfer for the run, if one is waiting; never blocks. The first call gives the first.
+  virtual bool Next(PipeItem *item) = 0;
+  // `item` ended with `st` (its reason in LastErrorMessage()); no byte of it moves afterwards.
+  virtual void Done(const PipeItem &item, llm_datadist::Status st) = 0;
+};
 
 class Path {
  public:
@@ -25,6 +46,12 @@ class Path {
   // pull: remote -> local, else local -> remote. Returns LLM_TIMEOUT when the deadline passes first;
   // once it returns, no byte of the destination changes.
   virtual llm_datadist::Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) = 0;
+  // Non-null when this plan may share a pipelined run with every other plan of the same key (same
+  // implementation, same peer); null runs it alone through Execute.
+  virtual const void *PipelineKey(const Plan &, bool /*pull*/) const { return nullptr; }
+  // Runs the feed's transfers, overlapping their round trips, until it has none left; every item
+  // taken gets exactly one Done, each with the contracts of Execute.
+  virtual void ExecutePipelined(PipeFeed *feed);
 };
 
 // memcpy into memory this process can address: another engine of this process, or a peer's memfd

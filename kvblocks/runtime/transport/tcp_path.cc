@@ -1,7 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // The requester side of the TCP data path: one READ_REQ or WRITE_REQ per call on a pooled data
-// channel, with the data streamed scatter-gather straight from or into the local tensors.
+// channel, with the data streamed scatter-gather straight from or into the local tensors. Small
+// asynchronous transfers to one peer are pipelined on one channel: the server serves a channel's
+// requests in order, so request k+1 is written before reply k is read, and replies are matched to
+// requests by position.
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <climits>
+#include <deque>
 
 #include "common/error.h"
 #include "common/limits.h"
@@ -64,13 +73,27 @@ void LocalIov(const Plan &plan, const Piece &piece, const CacheEntry &local, boo
   }
 }
 
+// One request of a pipelined run: its frame, then (inline pushes) its data, and where the reply goes.
+struct Pending {
+  PipeItem item;
+  uint8_t head[kFrameHeaderBytes];
+  std::string body;
+  std::vector<iovec> data;  // the local side of the stream
+  uint64_t total = 0;
+  uint64_t sent_end = 0;  // the run's sent-byte count once this request is fully written
+};
+
 class TcpPath : public Path {
  public:
   TcpPath(Link *link, int64_t cache_id) : link_(link), cache_id_(cache_id) {}
   const char *name() const override { return "tcp"; }
   Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override;
+  const void *PipelineKey(const Plan &plan, bool pull) const override;
+  void ExecutePipelined(PipeFeed *feed) override;
 
  private:
+  void Build(const PipeItem &it, Pending *p) const;
+  Status ReadReply(RecvBuffer &rb, Pending &p, bool *reusable);
   Status Exchange(int fd, std::vector<iovec> &iov, size_t head, bool pull, bool inline_data, uint64_t total,
                   int64_t deadline, bool *reusable);
   Link *link_;  // owns this path
@@ -80,6 +103,18 @@ class TcpPath : public Path {
 // Expects a reply frame of `type`; a non-zero status ends the exchange with it.
 Status Expect(int fd, uint16_t type, int64_t deadline, FrameHeader *h, bool *reusable) {
   const IoResult r = RecvHeader(fd, h, deadline);
+  if (r != IoResult::kOk) return Fail(StatusOf(r), "the peer did not answer in time or closed the channel");
+  if (h->type != type) return Fail(LLM_LINK_FAILED, "unexpected frame type %u from the peer", h->type);
+  if (h->status != LLM_SUCCESS) {
+    *reusable = h->length == 0;
+    return Fail(h->status, "the peer refused the request");
+  }
+  return LLM_SUCCESS;
+}
+
+// Expect, reading through the run's buffer.
+Status Expect(RecvBuffer &rb, uint16_t type, int64_t deadline, FrameHeader *h, bool *reusable) {
+  const IoResult r = rb.ReadHeader(h, deadline);
   if (r != IoResult::kOk) return Fail(StatusOf(r), "the peer did not answer in time or closed the channel");
   if (h->type != type) return Fail(LLM_LINK_FAILED, "unexpected frame type %u from the peer", h->type);
   if (h->status != LLM_SUCCESS) {
@@ -145,7 +180,158 @@ Status TcpPath::Execute(const Plan &plan, const CacheEntry &local, bool pull, in
   return st;
 }
 
+// ------------------------------------------------------------------ pipelined runs
+// Small transfers only: one frame each, replies and inline data at most kMaxInlineWrite, so a run
+// stays latency-bound and large transfers keep channels of their own.
+const void *TcpPath::PipelineKey(const Plan &plan, bool) const {
+  const uint64_t fixed = kRequestFixedBytes + 4ULL * plan.src_tensors.size();
+  if (plan.segs.size() > (kMaxControlPayload - fixed) / kRequestRangeBytes) return nullptr;
+  uint64_t per_tensor = 0;
+  for (const Segment &g : plan.segs) per_tensor += g.len;
+  return per_tensor * plan.src_tensors.size() <= kMaxInlineWrite ? link_ : nullptr;
+}
+
+void TcpPath::Build(const PipeItem &it, Pending *p) const {
+  const Plan &plan = *it.plan;
+  const Piece piece = SplitPlan(plan).front();
+  p->item = it;
+  Encode(MakeRequest(plan, piece, cache_id_, it.pull, it.deadline, link_->clock_offset_ns), &p->body);
+  p->total = piece.bytes_per_tensor * plan.src_tensors.size();
+  EncodeHeader(FrameHeader{static_cast<uint16_t>(it.pull ? kReadReq : kWriteReq),
+                           static_cast<uint16_t>(it.pull ? 0 : kFlagInline), 0, p->body.size()},
+               p->head);
+  p->data.reserve(plan.src_tensors.size() * plan.segs.size());
+  LocalIov(plan, piece, *it.local, it.pull, &p->data);
+}
+
+// Reads the reply to `p`, the oldest request in flight, by p's deadline.
+Status TcpPath::ReadReply(RecvBuffer &rb, Pending &p, bool *reusable) {
+  FrameHeader h;
+  *reusable = false;
+  Status st = Expect(rb, p.item.pull ? kReadResp : kWriteDone, p.item.deadline, &h, reusable);
+  if (st != LLM_SUCCESS) return st;
+  if (!p.item.pull) {
+    *reusable = h.length == 0;
+    return *reusable ? LLM_SUCCESS : Fail(LLM_LINK_FAILED, "the peer answered a write with %llu bytes",
+                                          static_cast<unsigned long long>(h.length));
+  }
+  if (h.length != p.total)
+    return Fail(LLM_LINK_FAILED, "the peer announced %llu bytes, not %llu", static_cast<unsigned long long>(h.length),
+                static_cast<unsigned long long>(p.total));
+  st = StatusOf(rb.ReadIov(p.data.data(), p.data.size(), p.item.deadline));
+  *reusable = st == LLM_SUCCESS;
+  return st;
+}
+
+namespace {
+
+// The run's outgoing bytes: every queued request frame (and inline data) not yet written.
+struct SendQueue {
+  std::vector<iovec> iov;
+  size_t first = 0;
+  uint64_t queued = 0, sent = 0;
+
+  void Add(void *p, size_t n) {
+    if (n == 0) return;
+    iov.push_back(iovec{p, n});
+    queued += n;
+  }
+  // Writes what the socket takes now, without waiting: a run never blocks on a write while a reply
+  // it has not read could be holding the server up.
+  IoResult Flush(int fd) {
+    while (first < iov.size()) {
+      msghdr m{};
+      m.msg_iov = iov.data() + first;
+      m.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
+      const ssize_t n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK ? IoResult::kOk : IoResult::kClosed;
+      }
+      sent += static_cast<uint64_t>(n);
+      for (size_t left = static_cast<size_t>(n); left > 0;) {
+        iovec &v = iov[first];
+        const size_t k = std::min(left, v.iov_len);
+        v.iov_base = static_cast<uint8_t *>(v.iov_base) + k;
+        v.iov_len -= k;
+        left -= k;
+        if (v.iov_len == 0) ++first;
+      }
+    }
+    iov.clear();
+    first = 0;
+    return IoResult::kOk;
+  }
+};
+
+// Waits until the socket takes more bytes; the reply to every earlier request has been read.
+IoResult WaitWritable(int fd, int64_t deadline) {
+  for (;;) {
+    const int64_t left = deadline - NowNs();
+    if (left <= 0) return IoResult::kTimeout;
+    pollfd p{fd, POLLOUT, 0};
+    const int rc = poll(&p, 1, static_cast<int>(std::min<int64_t>((left + 999999) / 1000000, INT_MAX)));
+    if (rc > 0) return (p.revents & (POLLERR | POLLNVAL)) ? IoResult::kClosed : IoResult::kOk;
+    if (rc < 0 && errno != EINTR) return IoResult::kError;
+  }
+}
+
+constexpr size_t kMaxPipelined = 64;  // requests in flight on one channel
+
 }  // namespace
+
+void TcpPath::ExecutePipelined(PipeFeed *feed) {
+  PipeItem it;
+  if (!feed->Next(&it)) return;
+  Status st;
+  const int fd = link_->AcquireChannel(it.deadline, &st);
+  if (fd < 0) {
+    feed->Done(it, st);
+    return;  // the rest stay queued and start on their own
+  }
+  const NoSpin no_spin;  // a run has its next reply coming: a spin would only slow the peer
+  std::deque<Pending> q;  // written or being written, reply not read; stable addresses
+  RecvBuffer rb(fd);      // one recv for several small replies, copied out reply by reply
+  SendQueue out;
+  bool got = true, reusable = true, broken = false;  // got: `it` is taken but not yet queued
+  for (;;) {
+    for (; q.size() < kMaxPipelined && (got || (got = feed->Next(&it))); got = false) {
+      q.emplace_back();
+      Pending &p = q.back();
+      Build(it, &p);
+      out.Add(p.head, sizeof(p.head));
+      out.Add(&p.body[0], p.body.size());
+      if (!it.pull)
+        for (const iovec &v : p.data) out.Add(v.iov_base, v.iov_len);
+      p.sent_end = out.queued;
+    }
+    if (q.empty()) break;
+    Pending &p = q.front();
+    IoResult w = out.Flush(fd);
+    while (w == IoResult::kOk && out.sent < p.sent_end && (w = WaitWritable(fd, p.item.deadline)) == IoResult::kOk)
+      w = out.Flush(fd);
+    st = w == IoResult::kOk ? ReadReply(rb, p, &reusable) : Fail(StatusOf(w), "the peer stopped reading requests");
+    if (st == LLM_LINK_FAILED && NowNs() >= p.item.deadline - kDeadlineSlackNs && link_->alive.load()) st = LLM_TIMEOUT;
+    feed->Done(p.item, st);
+    broken = st != LLM_SUCCESS && !reusable;
+    q.pop_front();
+    if (broken) break;
+  }
+  // A broken channel: nothing more is read from it, so the requests still in flight move no byte.
+  if (got) q.emplace_back().item = it;
+  for (Pending &p : q) {
+    ClearLastError();
+    feed->Done(p.item, Fail(LLM_LINK_FAILED, "an earlier transfer on the same data channel failed"));
+  }
+  link_->ReleaseChannel(fd, !broken);
+}
+
+}  // namespace
+
+void Path::ExecutePipelined(PipeFeed *feed) {
+  PipeItem it;
+  while (feed->Next(&it)) feed->Done(it, Execute(*it.plan, *it.local, it.pull, it.deadline));
+}
 
 std::unique_ptr<Path> MakeTcpPath(Link *link, int64_t remote_cache_id) {
   return std::unique_ptr<Path>(new TcpPath(link, remote_cache_id));

@@ -89,28 +89,29 @@ bool ServeRead(int fd, const Request &req) {
   return Stream(req, &h, [&](iovec *v, size_t n) { return SendIov(fd, v, n, req.deadline); }) == IoResult::kOk;
 }
 
-bool ServeWrite(int fd, const Request &req, bool inline_data) {
+bool ServeWrite(int fd, RecvBuffer &rb, const Request &req, bool inline_data) {
   if (!inline_data && SendFrame(fd, kWriteReady, LLM_SUCCESS, nullptr, 0, req.deadline) != IoResult::kOk)
     return false;
   // RecvIov re-checks the deadline before every read, so once the pusher's call has returned
   // (its deadline passed) no further byte lands in the cache.
-  if (Stream(req, nullptr, [&](iovec *v, size_t n) { return RecvIov(fd, v, n, req.deadline); }) != IoResult::kOk)
+  if (Stream(req, nullptr, [&](iovec *v, size_t n) { return rb.ReadIov(v, n, req.deadline); }) != IoResult::kOk)
     return false;
   return SendFrame(fd, kWriteDone, LLM_SUCCESS, nullptr, 0, req.deadline) == IoResult::kOk;
 }
 
 // Refuses a write; the announced inline bytes are drained so the channel stays usable. `q.total`
 // is what the peer announced, even when the rest of its request did not decode.
-bool RefuseWrite(int fd, const XferRequest &q, bool inline_data, Status st) {
+bool RefuseWrite(int fd, RecvBuffer &rb, const XferRequest &q, bool inline_data, Status st) {
   if (!inline_data) return Reply(fd, kWriteReady, st);
   if (q.total > kMaxInlineWrite) return false;
   std::string sink(q.total, '\0');
-  if (q.total > 0 && RecvAll(fd, &sink[0], sink.size(), NowNs() + kFrameNs) != IoResult::kOk) return false;
+  if (q.total > 0 && rb.Read(&sink[0], sink.size(), NowNs() + kFrameNs) != IoResult::kOk) return false;
   return Reply(fd, kWriteDone, st);
 }
 
 // Returns false when the connection must be closed.
-bool ServeRequest(int fd, const FrameHeader &h, const std::string &payload, const CacheRegistry &caches) {
+bool ServeRequest(int fd, RecvBuffer &rb, const FrameHeader &h, const std::string &payload,
+                  const CacheRegistry &caches) {
   Request req;
   Status st;
   try {
@@ -127,22 +128,25 @@ bool ServeRequest(int fd, const FrameHeader &h, const std::string &payload, cons
   }
   const bool inline_data = (h.flags & kFlagInline) != 0;
   if (h.type == kReadReq) return st == LLM_SUCCESS ? ServeRead(fd, req) : Reply(fd, kReadResp, st);
-  return st == LLM_SUCCESS ? ServeWrite(fd, req, inline_data) : RefuseWrite(fd, req.wire, inline_data, st);
+  return st == LLM_SUCCESS ? ServeWrite(fd, rb, req, inline_data) : RefuseWrite(fd, rb, req.wire, inline_data, st);
 }
 
 }  // namespace
 
 void ServeChannel(int fd, Link *link, const CacheRegistry &caches) {
   std::string payload;
+  RecvBuffer rb(fd);  // pipelined requests arrive back to back: read them a buffer at a time
   for (;;) {
     FrameHeader h;
     // Idle between requests for as long as the peer likes; once a frame has begun, all of it
     // must arrive within kFrameNs.
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, -1) < 0 && errno != EINTR) break;
-    if ((p.revents & POLLIN) == 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0) break;
-    if ((p.revents & POLLIN) == 0) continue;
-    const IoResult hr = RecvHeader(fd, &h, NowNs() + kFrameNs);
+    if (rb.empty()) {
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, -1) < 0 && errno != EINTR) break;
+      if ((p.revents & POLLIN) == 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0) break;
+      if ((p.revents & POLLIN) == 0) continue;
+    }
+    const IoResult hr = rb.ReadHeader(&h, NowNs() + kFrameNs);
     if (hr != IoResult::kOk) {
       if (hr == IoResult::kError) SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + kErrorReplyNs);
       break;
@@ -151,9 +155,9 @@ void ServeChannel(int fd, Link *link, const CacheRegistry &caches) {
       SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + kErrorReplyNs);
       break;
     }
-    if (RecvPayload(fd, h, &payload, NowNs() + kFrameNs) != IoResult::kOk) break;
+    if (rb.ReadPayload(h, &payload, NowNs() + kFrameNs) != IoResult::kOk) break;
     if (h.type == kReadReq || h.type == kWriteReq) {
-      if (!ServeRequest(fd, h, payload, caches)) break;
+      if (!ServeRequest(fd, rb, h, payload, caches)) break;
     } else if (!Reply(fd, kError, LLM_PARAM_INVALID)) {
       break;
     }
