@@ -5,6 +5,7 @@
 #define KVBLOCKS_RUNTIME_CACHE_TABLE_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kvblocks/ext.h"
@@ -17,6 +18,7 @@ struct Reader;
 enum DescriptorKind : uint8_t {
   kDescMemfd = 1,  // a runtime-owned memfd a same-host peer may map
   kDescAddrs = 2,  // tensor addresses in the owner's address space (CMA, in-process)
+  kDescUcx = 3,    // UCP worker address and packed rkeys (transport/ucx_path.cc)
 };
 
 struct MemfdDesc {
@@ -34,6 +36,11 @@ struct TableEntry {
   bool has_memfd = false;
   MemfdDesc memfd;
   std::vector<uint64_t> addrs;  // empty when not announced
+  // kDescUcx: the owner's UCP worker address, its packed rkeys, and the rkey of each tensor
+  // (ucx_key_of is empty when not announced; it needs addrs).
+  std::string ucx_worker;
+  std::vector<std::string> ucx_rkeys;
+  std::vector<uint32_t> ucx_key_of;
 };
 
 void EncodeTable(const std::vector<TableEntry> &caches, Writer *w);

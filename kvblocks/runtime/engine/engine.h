@@ -38,6 +38,7 @@ struct Worker {
 struct Transfer;
 struct TransferState;
 class AsyncPool;
+class UcxContext;
 // Frees a Transfer (defined in transfer.cc) on the thread that holds its locks.
 struct TransferFree {
   void operator()(Transfer *t) const;
@@ -126,6 +127,10 @@ class Impl {
   void RunDetached(TransferPtr t, bool pull, const std::shared_ptr<TransferState> &s);
   // caches.cc
   Status NotifyCacheGone(int64_t cache_id, int64_t deadline);
+  // links.cc: the UCX transport (transport/ucx_path.h)
+  std::shared_ptr<UcxContext> Ucx(std::string *why);  // this engine's worker, made on first need
+  void AnnounceUcx(struct LinkInfo *info);
+  Status AttachUcx(struct Link *link);  // after ChoosePaths
 
  public:
   const uint64_t cluster_id_;
@@ -164,6 +169,9 @@ class Impl {
 
   uint64_t instance_token_ = 0;
   uint64_t probe_value_ = 0;
+
+  std::mutex ucx_mu_;
+  std::shared_ptr<UcxContext> ucx_;
 
   // Worker threads of asynchronous transfers (async.cc), started on first use. Declared last so it
   // is destroyed first: its threads finish their jobs while the rest of the engine still exists.
