@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -272,7 +273,9 @@ def test_shared_memory_only_tls_fails_the_link_clearly(monkeypatch):
 
 def _run(code, **env):
     e = dict(os.environ, **env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=60)
+    # outside any checkout, so that the installed kvblocks is imported
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=60,
+                          cwd=tempfile.gettempdir())
 
 
 def test_import_does_not_load_ucx():

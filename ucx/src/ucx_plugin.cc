@@ -7,6 +7,8 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +27,11 @@ struct kvb_ucx_ctx {
   int efd = -1;
   std::atomic<bool> stop{false};
   std::thread progress;
+  // Callers waiting for their operations progress the worker themselves; the progress thread stands
+  // down meanwhile, so that it does not take the events (and the CPU) they wait for.
+  std::atomic<int> waiters{0};
+  std::mutex mu;
+  std::condition_variable cv;
 };
 
 struct kvb_ucx_mem {
@@ -68,6 +75,11 @@ void ProgressOrWait(ucp_worker_h w, int efd) {
 
 void ProgressLoop(kvb_ucx_ctx *c) {
   while (!c->stop.load(std::memory_order_relaxed)) {
+    if (c->waiters.load() > 0) {
+      std::unique_lock<std::mutex> g(c->mu);
+      c->cv.wait_for(g, std::chrono::milliseconds(10), [c] { return c->waiters.load() == 0 || c->stop.load(); });
+      continue;
+    }
     if (ucp_worker_progress(c->worker) != 0) continue;
     if (ucp_worker_arm(c->worker) != UCS_OK) continue;
     pollfd p{c->efd, POLLIN, 0};
@@ -91,6 +103,34 @@ bool Wait(kvb_ucx_ctx *c, void *req, int64_t deadline, ucs_status_t *st) {
   }
   return true;
 }
+
+// A caller waiting: spins on the worker while it makes progress or has been idle for a short while
+// (a reply is usually microseconds away), then sleeps on its event fd (at most 1 ms at a time).
+class Waiter {
+ public:
+  explicit Waiter(kvb_ucx_ctx *c) : c_(c) { c_->waiters.fetch_add(1); }
+  ~Waiter() {
+    if (c_->waiters.fetch_sub(1) == 1) {
+      std::lock_guard<std::mutex> g(c_->mu);
+      c_->cv.notify_all();
+    }
+  }
+  void Step(int64_t now) {
+    if (ucp_worker_progress(c_->worker) != 0) {
+      idle_since_ = 0;
+      return;
+    }
+    if (idle_since_ == 0) idle_since_ = now;
+    if (now - idle_since_ < kSpinNs || ucp_worker_arm(c_->worker) != UCS_OK) return;
+    pollfd p{c_->efd, POLLIN, 0};
+    poll(&p, 1, 1);
+  }
+
+ private:
+  static constexpr int64_t kSpinNs = 200000;
+  kvb_ucx_ctx *c_;
+  int64_t idle_since_ = 0;
+};
 
 void OnError(void *arg, ucp_ep_h, ucs_status_t) { static_cast<kvb_ucx_ep *>(arg)->failed.store(true); }
 
@@ -287,6 +327,7 @@ int Run(kvb_ucx_ep *e, kvb_ucx_rkey *const *rkeys, size_t nrkeys, const kvb_ucx_
     Say(err, errlen, "ucp_ep_flush_nbx", UCS_PTR_STATUS(flush));
     flush = nullptr;
   } else if (flush != nullptr) {
+    Waiter waiter(e->ctx);
     int64_t next_check = 0;
     while ((st = ucp_request_check_status(flush)) == UCS_INPROGRESS) {
       const int64_t now = Now();
@@ -305,7 +346,7 @@ int Run(kvb_ucx_ep *e, kvb_ucx_rkey *const *rkeys, size_t nrkeys, const kvb_ucx_
           break;
         }
       }
-      ProgressOrWait(e->ctx->worker, e->ctx->efd);
+      waiter.Step(now);
     }
     if (out == KVB_UCX_OK && st != UCS_OK) {
       out = KVB_UCX_FAILED;
