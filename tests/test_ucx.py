@@ -311,3 +311,78 @@ def test_loading_ucx_is_one_log_line(ucx_tls):
     assert r.stdout.strip() == "True"
     lines = [ln for ln in r.stderr.splitlines() if "UCX transport" in ln]
     assert len(lines) == 1 and "loaded: UCX 1." in lines[0], r.stderr
+
+
+# ------------------------------------------------------------------ hostile peers
+CAP_UCX = 16
+
+
+def _ucx_entry(cid, addrs, worker, rkeys, key_of, tensor_bytes=4096):
+    """A cache-table entry with an address descriptor and a UCX descriptor of the caller's making."""
+    import struct
+    n = len(addrs)
+    adesc = b"".join(struct.pack("<Q", a) for a in addrs)
+    body = struct.pack("<I", len(worker)) + worker + struct.pack("<I", len(rkeys))
+    body += b"".join(struct.pack("<I", len(k)) + k for k in rkeys) + b"".join(struct.pack("<I", k) for k in key_of)
+    return (struct.pack("<qBqIQQQQH", cid, 1, -1, n, tensor_bytes, 8, 1, tensor_bytes // 8, 2) +
+            struct.pack("<BI", 2, len(adesc)) + adesc + struct.pack("<BI", 3, len(body)) + body)
+
+
+def _hostile(entry):
+    import struct
+    from hostile import link_info
+    from test_trust_links import HostileListener
+
+    def make(ours, payload):
+        return link_info(77, caps=1 | CAP_UCX, table=struct.pack("<I", 1) + entry)
+    return HostileListener(make)
+
+
+SECRET = np.frombuffer(b"TOP-SECRET-BYTES" * 256, dtype=np.uint8).copy()
+JUNK = bytes(range(256)) * 2
+
+
+@needs_ucx
+@pytest.mark.parametrize("what", ["rkey index out of range", "no rkeys", "rkey of zero bytes",
+                                  "too few tensor keys", "worker address past the end"])
+def test_malformed_ucx_descriptor_refuses_the_link(what, ucx_tls):
+    """Contract: a table whose UCX descriptor is inconsistent is refused whole, before any endpoint."""
+    addrs = [SECRET.ctypes.data, SECRET.ctypes.data + 8]
+    entry = {
+        "rkey index out of range": lambda: _ucx_entry(5, addrs, JUNK, [JUNK], [0, 1]),
+        "no rkeys": lambda: _ucx_entry(5, addrs, JUNK, [], [0, 0]),
+        "rkey of zero bytes": lambda: _ucx_entry(5, addrs, JUNK, [b""], [0, 0]),
+        "too few tensor keys": lambda: _ucx_entry(5, addrs, JUNK, [JUNK], [0]),
+        "worker address past the end": lambda: _ucx_entry(5, addrs, JUNK, [JUNK], [0, 0])[:-20],
+    }[what]()
+    h = _hostile(entry)
+    me = _engine(1)
+    try:
+        assert me.link_llm_clusters([cluster(77, h.port)]) == [kb.Status.LLM_LINK_FAILED]
+    finally:
+        me.finalize()
+        h.close()
+
+
+@needs_ucx
+@pytest.mark.parametrize("worker", [JUNK, b"\x04" + JUNK], ids=["garbage", "another-version"])
+@pytest.mark.parametrize("transport", ["ucx", "auto"])
+def test_garbage_worker_address_and_rkeys_never_crash(transport, worker, ucx_tls):
+    """A peer that announces garbage as its UCP worker address and rkeys: the link fails (ucx) or
+    stays on TCP (auto), and no byte of ours goes anywhere. (UCX itself aborts on an address of
+    another format version, 0x04 here: kvblocks checks that before UCX sees it.)"""
+    h = _hostile(_ucx_entry(5, [0x10, 0x20], worker, [JUNK], [0, 0]))
+    me = _engine(1, transport=transport)
+    try:
+        dst = me.allocate_cache(kb.CacheDesc(1, kb.DataType.DT_UINT8, [8, 512]))
+        rets = me.link_llm_clusters([cluster(77, h.port)])
+        if rets == [kb.Status.LLM_SUCCESS]:
+            assert me.link_path(77) != "ucx"
+            with pytest.raises(kb.LLMException):
+                me.pull_kv_blocks(kb.CacheIndex(77, 5), dst, [0], [0])
+        else:
+            assert rets == [kb.Status.LLM_LINK_FAILED]
+        assert not dst.numpy(0).any()
+    finally:
+        me.finalize()
+        h.close()

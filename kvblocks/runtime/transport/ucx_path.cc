@@ -277,6 +277,13 @@ bool UcxAttach(const std::shared_ptr<UcxContext> &ctx, Link *link, bool force, s
     *why = "the peer announced no cache over UCX";
     return link->caches.empty();  // nothing to reach: not a failure
   }
+  // UCX parses the address itself and asserts (aborts) on some malformed ones: take only an address
+  // of our own format version (the low nibble of its first byte), the cheapest check of a garbled one.
+  const std::string &mine = ctx->address();
+  if (mine.empty() || ((first->ucx_worker[0] ^ mine[0]) & 0x0f) != 0) {
+    *why = "the peer's UCP worker address has another format version";
+    return false;
+  }
   char err[256] = {};
   kvb_ucx_ep *ep = Api()->connect(ctx->get(), first->ucx_worker.data(), first->ucx_worker.size(), err, sizeof(err));
   if (ep == nullptr) {
