@@ -54,19 +54,25 @@ def two_hosts():
         _ip("netns", "del", ns_b)
 
 
-CASES = [("auto", None), ("tcp", None)] + [("ucx", tls) for tls in UCX_TLS_SETS]
+# (transport, UCX_TLS or "no-ucx-prompt": the prompt runs without UCX, so auto must keep tcp)
+CASES = [("auto", None), ("tcp", None), ("auto", "no-ucx-prompt")] + [("ucx", tls) for tls in UCX_TLS_SETS]
 
 
-@pytest.mark.parametrize("transport,tls", CASES, ids=[t if tls is None else f"ucx-{tls}" for t, tls in CASES])
+@pytest.mark.parametrize("transport,tls", CASES, ids=[t if tls is None else f"{t}-{tls}" for t, tls in CASES])
 def test_pull_and_push_between_two_hosts(two_hosts, transport, tls, monkeypatch):
     ns_a, ns_b, subnet = two_hosts
-    if transport == "ucx" and not ucx_available():
+    if (transport == "ucx" or tls == "no-ucx-prompt") and not ucx_available():
         pytest.skip("the ucx extra (kvblocks-ucx) is not installed")
-    if tls is not None:
+    if tls == "no-ucx-prompt":
+        monkeypatch.setenv("KVBLOCKS_UCX_PLUGIN", "off")  # for the prompt only, undone below
+    elif tls is not None:
         monkeypatch.setenv("UCX_TLS", tls)
     expect = "ucx" if transport == "ucx" or (transport == "auto" and ucx_available()) else "tcp"
     prompt = Peer(1, listen=f"{subnet}.1:26555", tensors=TENSORS, blocks=BLOCKS, block_bytes=BB,
                   prefix=("ip", "netns", "exec", ns_a), role="PROMPT", transport=transport)
+    if tls == "no-ucx-prompt":
+        monkeypatch.delenv("KVBLOCKS_UCX_PLUGIN")
+        expect = "tcp"
     decoder = Peer(2, tensors=TENSORS, blocks=BLOCKS, block_bytes=BB, prefix=("ip", "netns", "exec", ns_b),
                    role="MIX", transport=transport)
     try:

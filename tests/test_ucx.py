@@ -386,3 +386,19 @@ def test_garbage_worker_address_and_rkeys_never_crash(transport, worker, ucx_tls
     finally:
         me.finalize()
         h.close()
+
+
+@needs_ucx
+def test_transport_ucx_refuses_a_peer_without_ucx(monkeypatch):
+    """Transport=ucx links only over UCX: a peer without the plugin gets a refused link, named."""
+    port = free_port()
+    monkeypatch.setenv("KVBLOCKS_UCX_PLUGIN", "off")
+    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="auto", tensors=T, blocks=B, block_bytes=BB)
+    monkeypatch.delenv("KVBLOCKS_UCX_PLUGIN")
+    me = _engine(2)
+    try:
+        me.allocate_cache(kb.CacheDesc(T, kb.DataType.DT_UINT8, [B, BB]))
+        assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_LINK_FAILED]
+    finally:
+        me.finalize()
+        peer.close()
