@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Two "hosts": a Prompt and a Decoder in separate network namespaces joined by a veth pair.
-Different network namespaces mean different hosts to kvblocks, so data must go over TCP."""
+Different network namespaces mean different hosts to kvblocks, so data goes over TCP, or over UCX
+when both sides have the ucx extra (auto picks it for other hosts; Transport=ucx forces it)."""
 import os
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 
 from peer import pattern
 from procs import Peer
+from ucx_env import UCX_TLS_SETS, ucx_available
 
 TENSORS, BLOCKS, BB = 4, 16, 4096
 
@@ -52,15 +54,30 @@ def two_hosts():
         _ip("netns", "del", ns_b)
 
 
-def test_pull_and_push_between_two_hosts(two_hosts):
+# (transport, UCX_TLS or "no-ucx-prompt": the prompt runs without UCX, so auto must keep tcp)
+CASES = [("auto", None), ("tcp", None), ("auto", "no-ucx-prompt")] + [("ucx", tls) for tls in UCX_TLS_SETS]
+
+
+@pytest.mark.parametrize("transport,tls", CASES, ids=[t if tls is None else f"{t}-{tls}" for t, tls in CASES])
+def test_pull_and_push_between_two_hosts(two_hosts, transport, tls, monkeypatch):
     ns_a, ns_b, subnet = two_hosts
+    if (transport == "ucx" or tls == "no-ucx-prompt") and not ucx_available():
+        pytest.skip("the ucx extra (kvblocks-ucx) is not installed")
+    if tls == "no-ucx-prompt":
+        monkeypatch.setenv("KVBLOCKS_UCX_PLUGIN", "off")  # for the prompt only, undone below
+    elif tls is not None:
+        monkeypatch.setenv("UCX_TLS", tls)
+    expect = "ucx" if transport == "ucx" or (transport == "auto" and ucx_available()) else "tcp"
     prompt = Peer(1, listen=f"{subnet}.1:26555", tensors=TENSORS, blocks=BLOCKS, block_bytes=BB,
-                  prefix=("ip", "netns", "exec", ns_a), role="PROMPT")
+                  prefix=("ip", "netns", "exec", ns_a), role="PROMPT", transport=transport)
+    if tls == "no-ucx-prompt":
+        monkeypatch.delenv("KVBLOCKS_UCX_PLUGIN")
+        expect = "tcp"
     decoder = Peer(2, tensors=TENSORS, blocks=BLOCKS, block_bytes=BB, prefix=("ip", "netns", "exec", ns_b),
-                   role="MIX")
+                   role="MIX", transport=transport)
     try:
         r = decoder.call(op="link", cluster=1, ip=f"{subnet}.1", port=26555)
-        assert r == {"rets": [0], "path": "tcp"}
+        assert r == {"rets": [0], "path": expect}
         assert decoder.call(op="pull", cluster=1, remote_cache=prompt.info["reg"], local="alloc",
                             src=[1, 3, 5, 7], dst=[0, 2, 4, 6]) == {"ok": True}
         for t in range(TENSORS):

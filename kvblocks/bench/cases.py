@@ -56,7 +56,7 @@ def transfer_fns(h, p, direction, lists, rng, pattern, B, ext=None):
 
 
 def _base_for(path, size, pattern):
-    if path == "tcp":
+    if path in ("tcp", "ucx"):
         return "tcp/raw-pingpong-8B" if size == "small" else f"tcp/raw-send/{size}"
     return f"base/gather/{size}/{pattern}"
 
@@ -72,7 +72,7 @@ def _transfer_case(path, size, direction, pattern):
 
     return Case(f"{path}/{size}/{direction}/{pattern}", path, make, baseline=_base_for(path, size, pattern),
                 bytes=2 * L * B * bb, blocks=2 * L * B, reps=size, path=path,
-                pgroup=f"{'tcp' if path == 'tcp' else 'samehost'}-{size}")
+                pgroup=f"{path if path in ('tcp', 'ucx') else 'samehost'}-{size}")
 
 
 # ----------------------------------------------------------------------------- validation
@@ -176,7 +176,7 @@ def _pull_make(path, nt, nb, bb, count, seed, how_many):
 
 def _scaling_cases():
     out = []
-    for path in TRANSFER_PATHS:
+    for path in (p for p in TRANSFER_PATHS if p != "ucx"):  # UCX: small/mid/large beside NIXL
         for bb in SCALE_BLOCK_BYTES:
             nbytes = 64 * bb
             out.append(Case(f"scaling/bytes/{path}/{human_bytes(nbytes)}", "scaling",
@@ -240,8 +240,21 @@ def _import_case(module, baseline=None):
 
 
 # ----------------------------------------------------------------------------- the matrix
+def _ucx_block():
+    """UCX (Transport=ucx over UCX_TLS) at three sizes, with kvblocks' TCP path and a raw socket at the
+    middle one too (the small and large ones exist in the tcp block)."""
+    out = [bl.raw_send_case("mid")] + [_transfer_case("tcp", "mid", d, "random") for d in ("pull", "push")]
+    for c in out:
+        c.group = "ucx"  # selected with --case ucx
+    for size in ("small", "mid", "large"):
+        out += [_transfer_case("ucx", size, d, p) for d in ("pull", "push") for p in ("random", "contig")]
+    return out
+
+
 def _transfer_block(path):
     """One path's cases in run order: raw baselines first, then pull and push (pairs grouped)."""
+    if path == "ucx":
+        return _ucx_block()
     out = [bl.pingpong_case()] if path == "tcp" else []
     for size in ("small", "large"):
         if path == "tcp":

@@ -9,6 +9,8 @@ Groups (--case takes a group name or a glob over case ids, repeatable):
               registered numpy arrays use process_vm_readv/writev), small and large,
               random and contiguous ids, vs numpy memcpy and numpy block gather
   tcp         the same over kvblocks.Transport=tcp vs a raw socket and a raw 8-byte ping-pong
+  ucx         kvblocks.Transport=ucx (needs the ucx extra) at 64 KiB / 4 MiB / 256 MiB per call, with
+              --vs nixl: NIXL over the same UCX_TLS (KVBLOCKS_BENCH_UCX_TLS, default tcp), interleaved
   async       pull_kv_blocks_async submission vs validation; 64 TCP pulls in flight vs in a row
   hixl        Hixl.transfer_sync vs the native pull_kv_blocks of the same bytes (16x4KiB and
               32 MiB; in-process, same host (cma) and TCP)

@@ -2,6 +2,9 @@
 """Sizes, the repetition policy and small helpers shared by the benchmark modules."""
 from __future__ import annotations
 
+import importlib.util
+import os
+
 KiB = 1024
 MiB = 1024 * 1024
 
@@ -9,11 +12,13 @@ MiB = 1024 * 1024
 SIZES = {
     "small": (2, 64, 4 * KiB, 4),
     "large": (32, 256, 64 * KiB, 64),
+    "mid": (8, 128, 16 * KiB, 16),  # 4 MiB per call: the UCX cases' middle point (ucx/mid/*, tcp/mid/*)
 }
 # per-size repetition policy: (warmup calls, min reps, max reps, time budget s)
 REPS = {
     "small": (50, 200, 3000, 0.4),
     "large": (2, 8, 40, 0.6),
+    "mid": (5, 20, 400, 0.5),
 }
 VALIDATION_NS = (16, 1024, 65536, 1048576)
 SCALE_BLOCK_BYTES = (1 * KiB, 4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB)
@@ -22,9 +27,24 @@ SCALE_BLOCKS = (16, 1024, 65536, 1048576)
 SCALE_BLOCKS_64B = (1024, 65536, 1048576)
 SCALE_LAYERS = (1, 2, 4, 8, 16, 32, 64)
 DISPATCH_SHAPES = ((4 * KiB, 1), (16, 1), (16, 4))  # (block bytes, tensors) of the in-process caches
-TRANSPORT = {"shm": "auto", "cma": "auto", "tcp": "tcp"}
-KIND = {"shm": "alloc", "cma": "reg", "tcp": "alloc"}
-TRANSFER_PATHS = ("shm", "cma", "tcp")
+TRANSPORT = {"shm": "auto", "cma": "auto", "tcp": "tcp", "ucx": "ucx"}
+KIND = {"shm": "alloc", "cma": "reg", "tcp": "alloc", "ucx": "alloc"}
+# UCX_TLS of the kvblocks UCX cases; NIXL runs beside them over the same set (engines.engine_env).
+UCX_TLS = os.environ.get("KVBLOCKS_BENCH_UCX_TLS", "tcp")
+
+
+def ucx_available():
+    """True when the ucx extra (the kvblocks-ucx plugin) is installed, as the runtime finds it
+    (KVBLOCKS_UCX_PLUGIN: a path or "off"). Loads nothing of UCX. Raises nothing."""
+    env = os.environ.get("KVBLOCKS_UCX_PLUGIN")
+    if env:
+        return env != "off" and os.path.exists(env)
+    spec = importlib.util.find_spec("kvblocks_ucx")
+    return spec is not None and spec.origin is not None and os.path.exists(
+        os.path.join(os.path.dirname(spec.origin), "libkvblocks_ucx.so"))
+
+
+TRANSFER_PATHS = ("shm", "cma", "tcp") + (("ucx",) if ucx_available() else ())
 
 
 def np():

@@ -11,11 +11,12 @@ import os
 import subprocess
 import sys
 
+from .common import UCX_TLS
 from .common import np as _np
 
 ENGINES = ("nixl", "nixl-tcp", "mooncake")
 # kvblocks paths each engine variant is compared with
-ENGINE_PATHS = {"nixl": ("shm", "cma"), "nixl-tcp": ("tcp",), "mooncake": ("tcp",)}
+ENGINE_PATHS = {"nixl": ("shm", "cma"), "nixl-tcp": ("tcp", "ucx"), "mooncake": ("tcp",)}
 
 
 def variants(name):
@@ -29,7 +30,7 @@ def engine_env(engine):
     env = {"UCX_MODULES": "^ib", "NIXL_LOG_LEVEL": "WARN", "GLOG_minloglevel": "2",
            "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "16384"}
     if engine == "nixl-tcp":
-        env["UCX_TLS"] = "tcp"
+        env["UCX_TLS"] = UCX_TLS  # the set kvblocks' UCX cases use ("tcp" unless KVBLOCKS_BENCH_UCX_TLS)
     return env
 
 

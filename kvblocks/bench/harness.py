@@ -6,13 +6,14 @@ over a Pipe; one per transport, shared by all cases of a run (CLI or pytest sess
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing as mp
 import os
 import socket
 import threading
 
-from .common import DISPATCH_SHAPES, KIND, MiB, TRANSPORT
+from .common import DISPATCH_SHAPES, KIND, UCX_TLS, MiB, TRANSPORT
 from .common import np as _np
 from .baselines import raw_server
 from .markers import check_blocks, mark_blocks
@@ -59,6 +60,24 @@ def free_cache(dd, kind, cache):
         dd.deallocate_cache(cache)
     else:
         dd.unregister_kv_cache(cache)
+
+
+@contextlib.contextmanager
+def _ucx_env(transport):
+    """UCX_TLS set to the bench's set while a ucx engine and its peer start. Raises nothing."""
+    if transport != "ucx":
+        yield
+        return
+    old = {k: os.environ.get(k) for k in ("UCX_TLS", "UCX_WARN_UNUSED_ENV_VARS")}
+    os.environ.update({"UCX_TLS": UCX_TLS, "UCX_WARN_UNUSED_ENV_VARS": "n"})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 # ----------------------------------------------------------------------------- peer process
@@ -273,10 +292,11 @@ class Harness:
         import kvblocks as kb
 
         if transport not in self.peers:
-            peer = Peer(self.ctx, 2000 + next(self._next_id), transport)
-            dd = kb.LlmDataDist(1000 + next(self._next_id), kb.LlmRole.MIX)
-            dd.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_TRANSPORT: transport,
-                           kb.OPTION_SYNC_CACHE_WAIT_TIME: "60000"})
+            with _ucx_env(transport):  # both processes' UCP contexts read UCX_TLS when made
+                peer = Peer(self.ctx, 2000 + next(self._next_id), transport)
+                dd = kb.LlmDataDist(1000 + next(self._next_id), kb.LlmRole.MIX)
+                dd.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_TRANSPORT: transport,
+                               kb.OPTION_SYNC_CACHE_WAIT_TIME: "60000"})
             self.peers[transport] = peer
             self.locals[transport] = dd
             self.relink(transport, first=True)

@@ -76,6 +76,26 @@ def _tcp(by, add):
                 "(interleaved)")
 
 
+def _ucx(by, pe, add):
+    """kvblocks over UCX vs NIXL over the same UCX_TLS (interleaved), and vs kvblocks' own TCP."""
+    for size in ("small", "mid", "large"):
+        for d in ("pull", "push"):
+            for pat in ("random", "contig"):
+                r = by.get(f"ucx/{size}/{d}/{pat}")
+                if not r:
+                    continue
+                n = pe.get(f"nixl-tcp/ucx/{size}/{d}/{pat}")
+                if n:
+                    v = r["median_s"] / n["median_s"]
+                    add(f"ucx {size} {d} {pat} vs NIXL (same UCX_TLS)", f"{v:.2f}x", "<= 1.0x", v <= 1.0,
+                        f"{r['median_s'] * 1e6:.1f} us vs {n['median_s'] * 1e6:.1f} us (interleaved)")
+                t = by.get(f"tcp/{size}/{d}/random") if pat == "random" else None
+                if t:
+                    v = r["median_s"] / t["median_s"]
+                    add(f"ucx {size} {d} random vs kvblocks tcp", f"{v:.2f}x", "report", True,
+                        f"{r['median_s'] * 1e6:.1f} us vs {t['median_s'] * 1e6:.1f} us (same run)")
+
+
 def _inprocess(by, add):
     r = by.get("dispatch/pull-16x16B")
     if r:
@@ -137,6 +157,7 @@ def targets(rows, peer_rows):
     _samehost(by, pe, add)
     _limits(by, add)
     _tcp(by, add)
+    _ucx(by, pe, add)
     _inprocess(by, add)
     _async(by, add)
     _hixl(by, add)

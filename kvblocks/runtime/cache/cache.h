@@ -18,6 +18,8 @@
 
 namespace kvblocks {
 
+struct UcxRegistration;
+
 struct CacheEntry {
   int64_t id = 0;
   CacheKind kind = CacheKind::kMix;
@@ -42,6 +44,9 @@ struct CacheEntry {
   // them down rather than waiting out a deadline the peer chose.
   std::mutex serving_mu;
   std::multiset<int> serving_fds;
+  // The UCX registration (transport/ucx_path.cc), made when first announced to a peer.
+  std::mutex ucx_mu;
+  std::shared_ptr<UcxRegistration> ucx;
 
   uint8_t *tensor(uint32_t i) const { return reinterpret_cast<uint8_t *>(addrs[i]); }
   TableEntry Describe() const;  // the entry peers see in the link-time table

@@ -5,6 +5,7 @@
 #define KVBLOCKS_RUNTIME_CACHE_TABLE_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kvblocks/ext.h"
@@ -18,6 +19,7 @@ enum DescriptorKind : uint8_t {
   kDescMemfd = 1,  // a runtime-owned memfd a same-host peer may map
   kDescAddrs = 2,  // tensor addresses in the owner's address space (CMA, in-process)
   kDescBatchKeys = 3,  // the key bound to each batch index (CANN's cache_keys[i]; -1: none)
+  kDescUcx = 4,    // UCP worker address and packed rkeys (transport/ucx_path.cc)
 };
 
 struct MemfdDesc {
@@ -36,6 +38,11 @@ struct TableEntry {
   MemfdDesc memfd;
   std::vector<uint64_t> addrs;  // empty when not announced
   std::vector<int64_t> batch_keys;  // batch_keys[i] is bound to batch index i; empty when none
+  // kDescUcx: the owner's UCP worker address, its packed rkeys, and the rkey of each tensor
+  // (ucx_key_of is empty when not announced; it needs addrs).
+  std::string ucx_worker;
+  std::vector<std::string> ucx_rkeys;
+  std::vector<uint32_t> ucx_key_of;
 };
 
 void EncodeTable(const std::vector<TableEntry> &caches, Writer *w);

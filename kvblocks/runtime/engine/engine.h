@@ -43,6 +43,7 @@ class LayerPool;
 struct LayerItem;
 struct LayerPushState;
 struct Plan;
+class UcxContext;
 // Frees a Transfer (defined in transfer.cc) on the thread that holds its locks.
 struct TransferFree {
   void operator()(Transfer *t) const;
@@ -194,6 +195,10 @@ class Impl {
   friend class PoolFeed;
   // caches.cc
   Status NotifyCacheGone(int64_t cache_id, int64_t deadline);
+  // links.cc: the UCX transport (transport/ucx_path.h)
+  std::shared_ptr<UcxContext> Ucx(std::string *why);  // this engine's worker, made on first need
+  void AnnounceUcx(struct LinkInfo *info);
+  Status AttachUcx(struct Link *link);  // after ChoosePaths
 
  public:
   const uint64_t cluster_id_;
@@ -236,6 +241,8 @@ class Impl {
   // Notifications received and not yet taken (notify.cc), at most kMaxQueuedNotifies.
   std::mutex notify_mu_;
   std::deque<NotifyMessage> notifies_;
+  std::mutex ucx_mu_;
+  std::shared_ptr<UcxContext> ucx_;
 
   // Worker threads of asynchronous transfers (async.cc), started on first use. Declared last so it
   // is destroyed first: its threads finish their jobs while the rest of the engine still exists.

@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "net/socket.h"
 #include "transport/select.h"
+#include "transport/ucx_path.h"
 
 namespace kvblocks {
 
@@ -81,8 +82,8 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   }
   std::string transport = "auto";
   if (get(OPTION_TRANSPORT, &v)) {
-    if (v != "auto" && v != "shm" && v != "tcp")
-      return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use auto, shm or tcp", OPTION_TRANSPORT, v.c_str());
+    if (v != "auto" && v != "shm" && v != "tcp" && v != "ucx")
+      return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use auto, shm, tcp or ucx", OPTION_TRANSPORT, v.c_str());
     transport = v;
   }
   std::string token;
@@ -96,6 +97,12 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
     role_check = v == "1";
   }
 
+  if (transport == "ucx") {
+    std::string why;
+    std::lock_guard<std::mutex> g(ucx_mu_);
+    if (!ucx_) ucx_ = MakeUcxContext(&why);
+    if (!ucx_) return Fail(LLM_PARAM_INVALID, "option %s=ucx: %s", OPTION_TRANSPORT, why.c_str());
+  }
   stopping_.store(false);
   local_comm_res_ = options.count(AscendString(OPTION_LOCAL_COMM_RES)) != 0;
   wait_time_ms_ = wait_ms;
@@ -127,8 +134,12 @@ void Impl::Finalize() {
   ReapWorkers(true);
   for (auto &kv : links_.TakeAll()) kv.second->Fail();
   for (auto &kv : caches_.TakeAll()) RetireCache(kv.second.get());
-  std::lock_guard<std::mutex> g(notify_mu_);
-  notifies_.clear();
+  {
+    std::lock_guard<std::mutex> g(notify_mu_);
+    notifies_.clear();
+  }
+  std::lock_guard<std::mutex> g(ucx_mu_);
+  ucx_.reset();  // gone once the last endpoint and registration let go of it
 }
 
 Status Impl::SetRole(LlmRole role, const std::map<AscendString, AscendString> &options) {

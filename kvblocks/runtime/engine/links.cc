@@ -16,6 +16,7 @@
 #include "net/socket.h"
 #include "transport/local_peer.h"
 #include "transport/select.h"
+#include "transport/ucx_path.h"
 
 namespace kvblocks {
 
@@ -83,7 +84,36 @@ void Impl::FillLinkInfo(LinkInfo *info) {
   FillIdentity(instance_token_, &probe_value_, &info->identity);
   info->clock_ns = NowNs();
   info->caches = caches_.Describe();
+  if (info->capabilities & kCapUcx) AnnounceUcx(info);
   RandomBytes(info->local_key, sizeof(info->local_key));
+}
+
+std::shared_ptr<UcxContext> Impl::Ucx(std::string *why) {
+  std::lock_guard<std::mutex> g(ucx_mu_);
+  if (!ucx_ && initialized()) ucx_ = MakeUcxContext(why);
+  return ucx_;
+}
+
+// Our caches' worker address and rkeys, for a peer that offers UCX too (sent after authentication).
+void Impl::AnnounceUcx(LinkInfo *info) {
+  std::string why;
+  auto ctx = Ucx(&why);
+  if (!ctx) return;
+  for (TableEntry &t : info->caches)
+    if (auto e = caches_.Find(t.id)) UcxAnnounce(ctx, e.get(), &t);
+}
+
+// kvblocks.Transport=ucx: every cache the peer announced over UCX; auto: peers on other hosts.
+Status Impl::AttachUcx(struct Link *link) {
+  const bool force = transport_ == "ucx";
+  if (!force && ((link->capabilities & kCapUcx) == 0 || link->same_host)) return LLM_SUCCESS;
+  std::string why;
+  auto ctx = Ucx(&why);
+  if (UcxAttach(ctx, link, force, &why) || !force) return LLM_SUCCESS;
+  LogWarn("kvblocks.Transport=ucx, but cluster %llu cannot be reached over UCX: %s",
+          static_cast<unsigned long long>(link->remote_cluster_id), why.c_str());
+  return Fail(LLM_LINK_FAILED, "kvblocks.Transport=ucx, but cluster %llu cannot be reached over UCX: %s",
+              static_cast<unsigned long long>(link->remote_cluster_id), why.c_str());
 }
 
 // Our memfds for the local exchange, held alive by `keep` while they are sent.
@@ -287,6 +317,7 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
     local_fd = -1;
   }
   ChoosePaths(link.get());
+  if ((st = AttachUcx(link.get())) != LLM_SUCCESS) return fail(st);
   if (transport_ == "shm" && !link->same_host) {
     LogWarn("kvblocks.Transport=shm, but cluster %llu is not a verified same-host peer", want);
     return fail(Fail(LLM_LINK_FAILED, "kvblocks.Transport=shm, but cluster %llu is on another host", want));
@@ -525,7 +556,7 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
   if (lfd >= 0) close(lfd);
   lfd = -1;
   ChoosePaths(link.get());
-  Status st = transport_ == "shm" && !link->same_host ? LLM_LINK_FAILED : LLM_SUCCESS;
+  Status st = transport_ == "shm" && !link->same_host ? LLM_LINK_FAILED : AttachUcx(link.get());
   uint16_t flags = 0;
   if (st == LLM_SUCCESS) {
     std::lock_guard<std::mutex> g(link_state_mu_);

@@ -137,6 +137,7 @@ void Link::AddRequesterChannel(int fd) {
 }
 
 const char *Link::PathName() const {
+  if (ucx && !one_sided) return "ucx";
   if (!one_sided) return "tcp";
   if (same_process) return "inprocess";
   bool any_cma = false, any_shm = false;

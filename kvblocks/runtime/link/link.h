@@ -24,6 +24,8 @@
 namespace kvblocks {
 
 // The peer's cache as seen through a link.
+class UcxPeer;
+
 struct RemoteCache : TableEntry {
   // Shared by copies of this entry. Transfers hold `mu` shared; the peer's CACHE_GONE takes it
   // exclusively and sets `gone` before it is acknowledged, so no one-sided copy touches memory
@@ -60,6 +62,7 @@ struct Link {
   bool same_process = false;  // verified: the peer proved it is an engine of this process
   bool same_host = false;     // verified: same_process or local.pid
   bool one_sided = false;  // some cache is reached without the peer (memcpy, CMA)
+  std::shared_ptr<UcxPeer> ucx;  // the UCP endpoint when some cache is reached over UCX
   std::map<int64_t, RemoteCache> caches;
   ChannelOpener open_channel;  // opener side: connects and authenticates one more channel
   // Address-based transfers (engine/ranges.cc): `caches` sorted by announced address, built once.

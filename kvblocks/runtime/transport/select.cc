@@ -17,6 +17,7 @@
 #include "security/auth.h"
 #include "transport/local_peer.h"
 #include "transport/path.h"
+#include "transport/ucx_path.h"
 
 namespace kvblocks {
 
@@ -156,7 +157,10 @@ bool PeerAlive(const Link *link) {
 
 uint64_t OfferedCapabilities(const std::string &transport) {
   if (transport == "tcp") return kCapTcp;
-  return kCapTcp | kCapSharedMemory | kCapCma | kCapInProcess;
+  if (transport == "ucx") return kCapTcp | kCapUcx;
+  // auto offers UCX (for peers on other hosts) when the plugin loads; loading it is its first use.
+  const uint64_t ucx = transport == "auto" && UcxAvailable() ? uint64_t{kCapUcx} : 0;
+  return kCapTcp | kCapSharedMemory | kCapCma | kCapInProcess | ucx;
 }
 
 void FillIdentity(uint64_t instance, const uint64_t *probe, PeerIdentity *id) {

@@ -13,7 +13,7 @@ namespace kvblocks {
 
 struct Link;
 
-// Capabilities this engine offers under kvblocks.Transport (auto | shm | tcp).
+// Capabilities this engine offers under kvblocks.Transport (auto | shm | tcp | ucx).
 uint64_t OfferedCapabilities(const std::string &transport);
 // This process's identity for the handshake; `instance` and `probe` belong to the engine.
 void FillIdentity(uint64_t instance, const uint64_t *probe, PeerIdentity *id);

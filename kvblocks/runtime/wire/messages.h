@@ -57,6 +57,7 @@ enum Capability : uint64_t {
   kCapSharedMemory = 1 << 1,  // map the peer's memfd
   kCapCma = 1 << 2,           // process_vm_readv/writev on registered memory
   kCapInProcess = 1 << 3,     // plain memcpy between two engines of one process
+  kCapUcx = 1 << 4,           // UCP get/put on rkeys from the cache table (transport/ucx_path.cc)
 };
 
 enum class ConnKind : uint32_t { kCtrl = 1, kDataFwd = 2, kDataRev = 3 };

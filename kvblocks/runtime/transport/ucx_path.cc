@@ -1,0 +1,306 @@
+// SPDX-License-Identifier: Apache-2.0
+// The UCX transport, runtime side (see ucx_path.h). Everything UCX lives in the plugin, loaded with
+// dlopen() here on first need; this file only speaks the plain-C interface of ucx_abi.h.
+#include "transport/ucx_path.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "cache/cache.h"
+#include "common/error.h"
+#include "common/util.h"
+#include "link/link.h"
+#include "transport/path.h"
+#include "transport/ucx_abi.h"
+
+namespace kvblocks {
+
+using namespace llm_datadist;  // NOLINT: status constants
+
+namespace {
+
+std::once_flag g_load_once;
+const kvb_ucx_api *g_api = nullptr;
+std::string g_why;
+
+// The plugin beside this library: site-packages/kvblocks/ -> site-packages/kvblocks_ucx/.
+std::string DefaultPluginPath() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void *>(&DefaultPluginPath), &info) == 0 || info.dli_fname == nullptr) return "";
+  std::string dir = info.dli_fname;
+  const size_t slash = dir.rfind('/');
+  dir = slash == std::string::npos ? std::string(".") : dir.substr(0, slash);
+  return dir + "/../kvblocks_ucx/libkvblocks_ucx.so";
+}
+
+// KVBLOCKS_UCX_LIBDIR: a UCX installation (a system one with verbs, say) whose libraries are loaded
+// first, so the plugin binds to them instead of the libucx-cu12 wheel's.
+bool PreloadUcx(std::string *why) {
+  const char *dir = getenv("KVBLOCKS_UCX_LIBDIR");
+  if (dir == nullptr || *dir == '\0') return true;
+  for (const char *lib : {"libucs.so.0", "libuct.so.0", "libucp.so.0"}) {
+    const std::string path = std::string(dir) + "/" + lib;
+    if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+      const char *e = dlerror();
+      *why = "KVBLOCKS_UCX_LIBDIR: " + (e != nullptr ? std::string(e) : path);
+      return false;
+    }
+  }
+  return true;
+}
+
+void Load() {
+  const char *env = getenv("KVBLOCKS_UCX_PLUGIN");
+  const std::string path = env != nullptr && *env != '\0' ? std::string(env) : DefaultPluginPath();
+  if (env != nullptr && strcmp(env, "off") == 0) {
+    g_why = "KVBLOCKS_UCX_PLUGIN=off";
+    LogInfo("UCX transport disabled (%s)", g_why.c_str());
+    return;
+  }
+  if (!PreloadUcx(&g_why)) {
+    LogWarn("UCX transport not loaded: %s", g_why.c_str());
+    return;
+  }
+  void *h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) {
+    const char *e = dlerror();
+    g_why = std::string("cannot load the UCX plugin (install kvblocks[ucx]): ") + (e != nullptr ? e : path.c_str());
+    // An absent extra is the normal case (auto stays on kvblocks' own paths); a broken one is not.
+    if (access(path.c_str(), F_OK) == 0) LogWarn("UCX transport not loaded: %s", g_why.c_str());
+    else LogInfo("UCX transport not loaded: %s", g_why.c_str());
+    return;
+  }
+  auto entry = reinterpret_cast<kvb_ucx_entry_fn>(dlsym(h, KVB_UCX_ENTRY));
+  const kvb_ucx_api *api = entry != nullptr ? entry() : nullptr;
+  if (api == nullptr || api->abi != KVB_UCX_ABI_VERSION) {
+    g_why = path + ": not a kvblocks UCX plugin of this version (reinstall kvblocks[ucx])";
+    LogWarn("UCX transport not loaded: %s", g_why.c_str());
+    return;
+  }
+  g_api = api;
+  LogInfo("UCX transport loaded: UCX %s (%s)", api->version(), path.c_str());
+}
+
+const kvb_ucx_api *Api() {
+  std::call_once(g_load_once, Load);
+  return g_api;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ context, registrations
+class UcxContext {
+ public:
+  explicit UcxContext(kvb_ucx_ctx *c) : c_(c) {
+    address_.resize(Api()->address(c_, nullptr, 0));
+    Api()->address(c_, &address_[0], address_.size());
+  }
+  ~UcxContext() { Api()->destroy(c_); }
+  kvb_ucx_ctx *get() const { return c_; }
+  const std::string &address() const { return address_; }
+
+ private:
+  kvb_ucx_ctx *c_;
+  std::string address_;
+};
+
+struct UcxRegistration {
+  std::shared_ptr<UcxContext> ctx;  // outlives every mapping made on it
+  std::vector<kvb_ucx_mem *> mems;
+  std::vector<std::string> rkeys;
+  std::vector<uint32_t> key_of;  // per tensor
+  ~UcxRegistration() {
+    for (kvb_ucx_mem *m : mems) Api()->mem_unmap(m);
+  }
+};
+
+bool UcxAvailable(std::string *why) {
+  const bool ok = Api() != nullptr;
+  if (!ok && why != nullptr) *why = g_why;
+  return ok;
+}
+
+std::shared_ptr<UcxContext> MakeUcxContext(std::string *why) {
+  if (!UcxAvailable(why)) return nullptr;
+  char err[256] = {};
+  kvb_ucx_ctx *c = Api()->create(err, sizeof(err));
+  if (c == nullptr) {
+    *why = std::string("UCX set-up failed: ") + err;
+    LogWarn("%s", why->c_str());
+    return nullptr;
+  }
+  return std::make_shared<UcxContext>(c);
+}
+
+namespace {
+
+std::string PackedRkey(kvb_ucx_mem *m) {
+  std::string s(Api()->mem_rkey(m, nullptr, 0), '\0');
+  Api()->mem_rkey(m, &s[0], s.size());
+  return s;
+}
+
+// One mapping for an allocated cache's region, else one per tensor (user memory may lie anywhere).
+std::shared_ptr<UcxRegistration> Register(const std::shared_ptr<UcxContext> &ctx, const CacheEntry &e) {
+  auto r = std::make_shared<UcxRegistration>();
+  r->ctx = ctx;
+  char err[256] = {};
+  auto map = [&](void *addr, size_t len) {
+    kvb_ucx_mem *m = Api()->mem_map(ctx->get(), addr, len, err, sizeof(err));
+    if (m == nullptr) return false;
+    r->mems.push_back(m);
+    r->rkeys.push_back(PackedRkey(m));
+    return true;
+  };
+  if (e.region) {
+    if (!map(e.region->base, e.region->size)) r.reset();
+    if (r) r->key_of.assign(e.num_tensors, 0);
+  } else {
+    for (uint32_t i = 0; i < e.num_tensors && r; ++i) {
+      if (!map(e.tensor(i), e.tensor_bytes)) r.reset();
+      if (r) r->key_of.push_back(i);
+    }
+  }
+  if (!r) LogWarn("cache %lld stays off UCX: %s", static_cast<long long>(e.id), err);
+  return r;
+}
+
+}  // namespace
+
+void UcxAnnounce(const std::shared_ptr<UcxContext> &ctx, CacheEntry *cache, TableEntry *entry) {
+  std::shared_ptr<UcxRegistration> r;
+  {
+    std::lock_guard<std::mutex> g(cache->ucx_mu);
+    if (!cache->ucx && !cache->closing.load()) cache->ucx = Register(ctx, *cache);
+    r = cache->ucx;
+  }
+  if (!r || r->ctx != ctx || entry->addrs.empty()) return;
+  entry->ucx_worker = ctx->address();
+  entry->ucx_rkeys = r->rkeys;
+  entry->ucx_key_of = r->key_of;
+}
+
+void UcxForget(CacheEntry *cache) {
+  std::shared_ptr<UcxRegistration> r;
+  {
+    std::lock_guard<std::mutex> g(cache->ucx_mu);
+    r.swap(cache->ucx);
+  }
+}
+
+// ------------------------------------------------------------------ endpoint, path
+class UcxPeer {
+ public:
+  UcxPeer(std::shared_ptr<UcxContext> ctx, kvb_ucx_ep *ep) : ctx_(std::move(ctx)), ep_(ep) {}
+  ~UcxPeer() { Api()->close(ep_); }
+  kvb_ucx_ep *ep() const { return ep_; }
+
+ private:
+  std::shared_ptr<UcxContext> ctx_;
+  kvb_ucx_ep *ep_;
+};
+
+namespace {
+
+int LinkUp(void *link) { return static_cast<Link *>(link)->alive.load() ? 1 : 0; }
+
+class UcxPath : public Path {
+ public:
+  UcxPath(std::shared_ptr<UcxPeer> peer, Link *link, std::vector<kvb_ucx_rkey *> rkeys, const RemoteCache &rc)
+      : peer_(std::move(peer)), link_(link), rkeys_(std::move(rkeys)), remote_(rc.addrs), key_of_(rc.ucx_key_of) {}
+  ~UcxPath() override {
+    for (kvb_ucx_rkey *k : rkeys_) Api()->rkey_destroy(k);
+  }
+  const char *name() const override { return "ucx"; }
+
+  // One operation per merged run of each tensor pair; the ranges were checked against both
+  // tables (engine/transfer.cc) before this is called.
+  Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
+    std::vector<kvb_ucx_op> ops;
+    ops.reserve(plan.src_tensors.size() * plan.segs.size());
+    for (size_t i = 0; i < plan.src_tensors.size(); ++i) {
+      const uint32_t lt = pull ? plan.dst_tensors[i] : plan.src_tensors[i];
+      const uint32_t rt = pull ? plan.src_tensors[i] : plan.dst_tensors[i];
+      for (const Segment &g : plan.segs) {
+        const uint64_t loff = pull ? g.dst_off : g.src_off, roff = pull ? g.src_off : g.dst_off;
+        ops.push_back(kvb_ucx_op{local.addrs[lt] + loff, remote_[rt] + roff, g.len, key_of_[rt]});
+      }
+    }
+    char err[256] = {};
+    const int r = Api()->run(peer_->ep(), rkeys_.data(), rkeys_.size(), ops.data(), ops.size(), pull ? 1 : 0,
+                             deadline, LinkUp, link_, err, sizeof(err));
+    if (r == KVB_UCX_OK) return LLM_SUCCESS;
+    if (r == KVB_UCX_TIMEOUT) return LLM_TIMEOUT;
+    return Fail(LLM_LINK_FAILED, "UCX %s to cluster %llu failed: %s", pull ? "get" : "put",
+                static_cast<unsigned long long>(link_->remote_cluster_id),
+                r == KVB_UCX_ABORTED ? "the link went down" : err);
+  }
+
+ private:
+  std::shared_ptr<UcxPeer> peer_;
+  Link *link_;  // owns this path
+  std::vector<kvb_ucx_rkey *> rkeys_;
+  std::vector<uint64_t> remote_;
+  std::vector<uint32_t> key_of_;
+};
+
+// The peer's rkeys for one cache; empty when any fails to unpack.
+std::vector<kvb_ucx_rkey *> Unpack(kvb_ucx_ep *ep, const RemoteCache &rc) {
+  std::vector<kvb_ucx_rkey *> out;
+  for (const std::string &k : rc.ucx_rkeys) {
+    kvb_ucx_rkey *h = Api()->rkey_unpack(ep, k.data(), k.size());
+    if (h == nullptr) {
+      for (kvb_ucx_rkey *x : out) Api()->rkey_destroy(x);
+      return {};
+    }
+    out.push_back(h);
+  }
+  return out;
+}
+
+}  // namespace
+
+bool UcxAttach(const std::shared_ptr<UcxContext> &ctx, Link *link, bool force, std::string *why) {
+  if (!ctx || (link->capabilities & kCapUcx) == 0) {
+    *why = !ctx ? "UCX is not available here" : "the peer does not offer UCX";
+    return false;
+  }
+  const RemoteCache *first = nullptr;
+  for (const auto &kv : link->caches)
+    if (!kv.second.ucx_key_of.empty() && (first = &kv.second) != nullptr) break;
+  if (first == nullptr) {
+    *why = "the peer announced no cache over UCX";
+    return link->caches.empty();  // nothing to reach: not a failure
+  }
+  // UCX parses the address itself and asserts (aborts) on some malformed ones: take only an address
+  // of our own format version (the low nibble of its first byte), the cheapest check of a garbled one.
+  const std::string &mine = ctx->address();
+  if (mine.empty() || ((first->ucx_worker[0] ^ mine[0]) & 0x0f) != 0) {
+    *why = "the peer's UCP worker address has another format version";
+    return false;
+  }
+  char err[256] = {};
+  kvb_ucx_ep *ep = Api()->connect(ctx->get(), first->ucx_worker.data(), first->ucx_worker.size(), err, sizeof(err));
+  if (ep == nullptr) {
+    *why = err;
+    return false;
+  }
+  auto peer = std::make_shared<UcxPeer>(ctx, ep);
+  for (auto &kv : link->caches) {
+    RemoteCache &rc = kv.second;
+    if (rc.ucx_key_of.empty() || rc.ucx_worker != first->ucx_worker) continue;
+    if (!force && rc.path && strcmp(rc.path->name(), "tcp") != 0) continue;
+    std::vector<kvb_ucx_rkey *> keys = Unpack(ep, rc);
+    if (keys.empty()) continue;
+    rc.path = std::make_shared<UcxPath>(peer, link, std::move(keys), rc);
+  }
+  link->ucx = std::move(peer);
+  return true;
+}
+
+}  // namespace kvblocks

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+// The UCX transport, runtime side: loads the plugin (ucx_abi.h) on first need, owns one UCP worker
+// per engine, registers caches with it and reaches a peer's caches with get/put on their rkeys.
+#ifndef KVBLOCKS_RUNTIME_TRANSPORT_UCX_PATH_H_
+#define KVBLOCKS_RUNTIME_TRANSPORT_UCX_PATH_H_
+
+#include <memory>
+#include <string>
+
+#include "llm_datadist/llm_datadist.h"
+
+namespace kvblocks {
+
+struct Link;
+struct CacheEntry;
+struct TableEntry;
+class UcxContext;
+
+// The plugin, loaded once per process (one log line either way); false when it cannot be loaded,
+// with the reason in *why.
+bool UcxAvailable(std::string *why = nullptr);
+
+// One engine's UCP context and worker (with the thread that progresses it). Null, with the reason
+// in *why, when UCX is unavailable or its set-up fails.
+std::shared_ptr<UcxContext> MakeUcxContext(std::string *why);
+
+// Registers `cache` with the worker (once; the registration lives as long as the cache, or until
+// UcxForget) and adds its UCX descriptor (worker address, rkeys) to `entry`.
+void UcxAnnounce(const std::shared_ptr<UcxContext> &ctx, CacheEntry *cache, TableEntry *entry);
+// Drops the registration of an unregistered cache (ucp_mem_unmap).
+void UcxForget(CacheEntry *cache);
+
+// Connects to the peer's worker and gives every remote cache with a UCX descriptor a UCX path:
+// all of them when `force`, else those still on TCP. Sets link->ucx. Returns false (and why) when
+// no endpoint could be made.
+bool UcxAttach(const std::shared_ptr<UcxContext> &ctx, Link *link, bool force, std::string *why);
+
+}  // namespace kvblocks
+
+#endif  // KVBLOCKS_RUNTIME_TRANSPORT_UCX_PATH_H_

@@ -1,0 +1,404 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The UCX transport (kvblocks.Transport=ucx) between real processes, over each tested UCX_TLS set:
+data both ways byte for byte, layer ranges, bad indices, a frozen peer (LLM_TIMEOUT, no late
+writes), a killed peer (fails fast, relinks), concurrency, unregister. Skipped without the ucx extra."""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import kvblocks as kb
+from conftest import cluster, free_port
+from peer import pattern
+from procs import Peer, read_process_memory, release
+from test_failures import _call_frozen_peer, _digest, _remote_digest, _start
+from ucx_env import needs_ucx, ucx_tls  # noqa: F401  (fixture)
+
+T, B, BB = 4, 8, 64
+
+
+def _engine(cid, transport="ucx", wait_ms=1000):
+    me = kb.LlmDataDist(cid, kb.LlmRole.MIX)
+    me.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_TRANSPORT: transport,
+                   kb.OPTION_SYNC_CACHE_WAIT_TIME: str(wait_ms)})
+    return me
+
+
+@pytest.fixture
+def linked(ucx_tls):
+    port = free_port()
+    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", tensors=T, blocks=B, block_bytes=BB)
+    me = _engine(2)
+    alloc = me.allocate_cache(kb.CacheDesc(T, kb.DataType.DT_UINT8, [B, BB]))
+    arrays = [pattern(2, t, B, BB).copy() for t in range(T)]
+    reg = me.register_arrays(arrays)
+    for t in range(T):
+        alloc.numpy(t)[:] = pattern(2, t, B, BB)
+    assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
+    yield peer, me, {"alloc": alloc, "reg": reg}, port
+    me.finalize()
+    peer.close()
+
+
+def test_link_path_is_ucx(linked):
+    peer, me, _, _ = linked
+    assert me.link_path(1) == "ucx"
+
+
+@pytest.mark.parametrize("remote", ["alloc", "reg"])
+@pytest.mark.parametrize("local", ["alloc", "reg"])
+def test_pull_and_push_byte_for_byte(linked, remote, local):
+    peer, me, caches, _ = linked
+    c = caches[local]
+    me.pull_kv_blocks(kb.CacheIndex(1, peer.info[remote]), c, [0, 1, 2, 6], [7, 6, 5, 0])
+    for t in range(T):
+        got, want = c.numpy(t) if local == "alloc" else np.frombuffer(c.tensor(t), np.uint8).reshape(B, BB), \
+            pattern(1, t, B, BB)
+        assert np.array_equal(got[[7, 6, 5, 0]], want[[0, 1, 2, 6]])
+        assert np.array_equal(got[[1, 2, 3, 4]], pattern(2, t, B, BB)[[1, 2, 3, 4]])  # untouched
+    me.push_kv_blocks(c, kb.CacheIndex(1, peer.info[remote]), [1, 2, 3], [3, 4, 5])
+    for t in range(T):
+        got = peer.read(remote, t).reshape(B, BB)
+        assert np.array_equal(got[[3, 4, 5]], pattern(2, t, B, BB)[[1, 2, 3]])
+        assert np.array_equal(got[[0, 1, 2, 6, 7]], pattern(1, t, B, BB)[[0, 1, 2, 6, 7]])
+
+
+def test_layer_ranges(linked):
+    peer, me, caches, _ = linked
+    c = caches["alloc"]
+    # remote layer 1 (tensors 2, 3) into local layer 0 (tensors 0, 1)
+    ext = kb.KvCacheExtParam(src_layer_range=(1, 1), dst_layer_range=(0, 0), tensor_num_per_layer=2)
+    me.pull_kv_blocks(kb.CacheIndex(1, peer.info["alloc"]), c, [3], [4], ext)
+    assert np.array_equal(c.numpy(0)[4], pattern(1, 2, B, BB)[3])
+    assert np.array_equal(c.numpy(1)[4], pattern(1, 3, B, BB)[3])
+    assert np.array_equal(c.numpy(2)[4], pattern(2, 2, B, BB)[4])
+
+
+def test_bad_indices_change_nothing(linked):
+    peer, me, caches, _ = linked
+    c = caches["alloc"]
+    before = peer.digest()
+    mine = [bytes(c.tensor(t)) for t in range(T)]
+    with pytest.raises(kb.ParamInvalidError, match="src_blocks"):
+        me.pull_kv_blocks(kb.CacheIndex(1, peer.info["alloc"]), c, [0, B], [0, 1])
+    with pytest.raises(kb.ParamInvalidError, match="dst_blocks"):
+        me.push_kv_blocks(c, kb.CacheIndex(1, peer.info["alloc"]), [0], [B + 5])
+    with pytest.raises(kb.CacheNotExistError):
+        me.pull_kv_blocks(kb.CacheIndex(1, 999), c, [0], [0])
+    assert [bytes(c.tensor(t)) for t in range(T)] == mine
+    assert peer.digest() == before
+    me.pull_kv_blocks(kb.CacheIndex(1, peer.info["alloc"]), c, [1], [1])  # the link is still good
+
+
+def test_a_cache_the_peer_unregistered_is_gone(linked):
+    peer, me, caches, _ = linked
+    assert peer.call(op="unregister", cache="reg") == {"ok": True}
+    with pytest.raises(kb.CacheNotExistError):
+        me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), caches["alloc"], [0], [0])
+    me.pull_kv_blocks(kb.CacheIndex(1, peer.info["alloc"]), caches["alloc"], [0], [0])
+
+
+def test_four_threads_pull_and_push_at_once(linked):
+    peer, me, caches, _ = linked
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(20):
+                me.pull_kv_blocks(kb.CacheIndex(1, peer.info["alloc"]), caches["alloc"], [i], [i])
+                me.push_kv_blocks(caches["reg"], kb.CacheIndex(1, peer.info["reg"]), [i + 4], [i + 4])
+        except Exception as e:  # noqa: BLE001: reported below
+            errors.append(e)
+
+    ths = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(60)
+    assert not errors
+    for t in range(T):
+        assert np.array_equal(caches["alloc"].numpy(t)[:4], pattern(1, t, B, BB)[:4])
+        assert np.array_equal(peer.read("reg", t).reshape(B, BB)[4:], pattern(2, t, B, BB)[4:])
+
+
+# ------------------------------------------------------------------ deadlines and failures
+FT, FB, FBB = 32, 64, 64 * 1024  # 128 MiB per call, as test_failures
+WAIT_MS, MARGIN_S = 400, 0.1
+
+
+@pytest.fixture
+def frozen_setup(ucx_tls):
+    port = free_port()
+    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", tensors=FT, blocks=FB, block_bytes=FBB,
+                wait_ms=WAIT_MS)
+    me = _engine(2, wait_ms=WAIT_MS)
+    cache = me.allocate_cache(kb.CacheDesc(FT, kb.DataType.DT_UINT8, [FB, FBB]))
+    assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
+    assert me.link_path(1) == "ucx"
+    # one transfer first: UCX's wire-up is done, so the frozen peer is frozen mid-link, not mid-setup
+    me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, [0], [0])
+    yield peer, me, cache, port
+    release(peer, me)
+
+
+def _digest_of(cache):
+    return _digest_n(cache, FT)
+
+
+def _digest_n(cache, n):
+    import hashlib
+    h = hashlib.sha256()
+    for t in range(n):
+        h.update(cache.tensor(t))
+    return h.hexdigest()
+
+
+def test_pull_from_frozen_peer_times_out_with_no_late_writes(frozen_setup):
+    peer, me, cache, port = frozen_setup
+    blocks = list(range(FB))
+    untouched = _digest_of(cache)
+    out = _call_frozen_peer(peer, lambda: me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, blocks,
+                                                            blocks))
+    assert out["status"] == kb.Status.LLM_TIMEOUT
+    assert out["elapsed"] <= WAIT_MS / 1000 + MARGIN_S
+    print(f"\nucx frozen-peer pull: LLM_TIMEOUT after {out['elapsed'] * 1000:.0f} ms (deadline {WAIT_MS} ms)")
+    before = _digest_of(cache)
+    assert before == untouched
+    os.kill(peer.info["pid"], signal.SIGCONT)
+    time.sleep(1.0)
+    assert _digest_of(cache) == before  # the endpoint was force-closed: nothing came late
+    with pytest.raises(kb.LinkError):
+        me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, [0], [0])
+    assert me.unlink_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
+    assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
+    me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, [5], [0])
+    assert np.array_equal(cache.numpy(3)[0], pattern(1, 3, FB, FBB)[5])
+
+
+def test_push_to_frozen_peer_times_out(frozen_setup):
+    peer, me, cache, port = frozen_setup
+    for t in range(FT):
+        cache.numpy(t)[:] = 0xAB
+    blocks = list(range(FB))
+    out = _call_frozen_peer(peer, lambda: me.push_kv_blocks(cache, kb.CacheIndex(1, peer.info["alloc"]), blocks,
+                                                            blocks))
+    assert out["status"] == kb.Status.LLM_TIMEOUT
+    assert out["elapsed"] <= WAIT_MS / 1000 + MARGIN_S
+    print(f"\nucx frozen-peer push: LLM_TIMEOUT after {out['elapsed'] * 1000:.0f} ms (deadline {WAIT_MS} ms)")
+    reg_before = _remote_digest(peer, "reg")
+    os.kill(peer.info["pid"], signal.SIGCONT)
+    time.sleep(1.0)
+    # Unlike kvblocks' own TCP path (whose server drops late data), UCX's target applies what was
+    # already handed to the transport, as on RDMA where bytes on the wire land: the pushed blocks
+    # hold old or new bytes. Nothing else of the peer changes (README, "Across hosts").
+    for t, a in enumerate(peer.info["addrs"]["alloc"]):
+        got = np.frombuffer(read_process_memory(peer.info["pid"], a, FB * FBB), np.uint8)
+        old = pattern(1, t, FB, FBB).reshape(-1)
+        assert np.all((got == old) | (got == 0xAB))
+    assert _remote_digest(peer, "reg") == reg_before
+    with pytest.raises(kb.LinkError):
+        me.push_kv_blocks(cache, kb.CacheIndex(1, peer.info["alloc"]), [0], [0])
+
+
+def test_killed_peer_fails_fast_and_relinks_after_restart(frozen_setup, ucx_tls):
+    peer, me, cache, port = frozen_setup
+    blocks = list(range(FB))
+    th, out = _start(lambda: me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, blocks, blocks))
+    time.sleep(0.003)
+    os.kill(peer.info["pid"], signal.SIGKILL)
+    killed_at = time.monotonic()
+    th.join(5)
+    peer.proc.wait()
+    if out["status"] != kb.Status.LLM_SUCCESS:
+        assert out["status"] == kb.Status.LLM_LINK_FAILED
+        print(f"\nucx killed peer: LLM_LINK_FAILED {(out['end'] - killed_at) * 1000:.0f} ms after SIGKILL")
+        assert out["end"] - killed_at <= 1.0
+    time.sleep(0.2)
+    with pytest.raises(kb.LinkError):
+        me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, [0], [0])
+    peer.close()
+    peer2 = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", tensors=FT, blocks=FB, block_bytes=FBB)
+    try:
+        assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
+        assert me.link_path(1) == "ucx"
+        me.pull_kv_blocks(kb.CacheIndex(1, peer2.info["reg"]), cache, [7, 9], [1, 2])
+        assert np.array_equal(cache.numpy(0)[1], pattern(1, 0, FB, FBB)[7])
+        assert np.array_equal(cache.numpy(31)[2], pattern(1, 31, FB, FBB)[9])
+    finally:
+        peer2.close()
+
+
+def test_killed_idle_peer_fails_the_next_call_within_a_second(ucx_tls):
+    port = free_port()
+    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", tensors=T, blocks=B, block_bytes=BB)
+    me = _engine(2, wait_ms=5000)
+    try:
+        cache = me.allocate_cache(kb.CacheDesc(T, kb.DataType.DT_UINT8, [B, BB]))
+        assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
+        os.kill(peer.info["pid"], signal.SIGKILL)
+        peer.proc.wait()
+        t0 = time.monotonic()
+        with pytest.raises(kb.LinkError):
+            me.pull_kv_blocks(kb.CacheIndex(1, peer.info["alloc"]), cache, [0], [0])
+        assert time.monotonic() - t0 <= 1.0
+    finally:
+        me.finalize()
+        peer.close()
+
+
+# ------------------------------------------------------------------ selection and packaging
+@needs_ucx
+def test_shared_memory_only_tls_fails_the_link_clearly(monkeypatch):
+    """UCX's peer error mode drops transports that cannot detect a failed peer: UCX_TLS=sm leaves
+    none, so Transport=ucx refuses the link (naming why) and auto stays on kvblocks' own paths."""
+    monkeypatch.setenv("UCX_TLS", "sm")
+    monkeypatch.setenv("UCX_WARN_UNUSED_ENV_VARS", "n")
+    port = free_port()
+    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", tensors=T, blocks=B, block_bytes=BB)
+    me = _engine(2)
+    try:
+        me.allocate_cache(kb.CacheDesc(T, kb.DataType.DT_UINT8, [B, BB]))
+        rets = me.link_llm_clusters([cluster(1, port)])
+        assert rets == [kb.Status.LLM_LINK_FAILED]
+    finally:
+        me.finalize()
+        peer.close()
+
+
+def _run(code, **env):
+    e = dict(os.environ, **env)
+    # outside any checkout, so that the installed kvblocks is imported
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=60,
+                          cwd=tempfile.gettempdir())
+
+
+def test_import_does_not_load_ucx():
+    r = _run("import kvblocks, kvblocks.llm_datadist\n"
+             "d = kvblocks.LlmDataDist(1, kvblocks.LlmRole.MIX)\n"
+             "d.initialize({kvblocks.OPTION_DEVICE_ID: '0'})\n"
+             "print(any('libucp' in l for l in open('/proc/self/maps')))\n"
+             "d.finalize()")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_transport_ucx_without_the_plugin_names_why():
+    r = _run("import kvblocks as kb\n"
+             "d = kb.LlmDataDist(1, kb.LlmRole.MIX)\n"
+             "try:\n"
+             "    d.initialize({kb.OPTION_DEVICE_ID: '0', kb.OPTION_TRANSPORT: 'ucx'})\n"
+             "except kb.LLMException as e:\n"
+             "    print('ERR', e)\n", KVBLOCKS_UCX_PLUGIN="/nonexistent/libkvblocks_ucx.so", KVBLOCKS_LOG_LEVEL="2")
+    assert r.returncode == 0, r.stderr
+    assert "ERR" in r.stdout and "ucx" in r.stdout and "kvblocks[ucx]" in r.stdout, r.stdout
+    assert "UCX transport not loaded" in r.stderr
+
+
+@needs_ucx
+def test_loading_ucx_is_one_log_line(ucx_tls):
+    r = _run("import kvblocks as kb\n"
+             "d = kb.LlmDataDist(1, kb.LlmRole.MIX)\n"
+             "d.initialize({kb.OPTION_DEVICE_ID: '0', kb.OPTION_TRANSPORT: 'ucx'})\n"
+             "print(any('libucp' in l for l in open('/proc/self/maps')))\n"
+             "d.finalize()", KVBLOCKS_LOG_LEVEL="2")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "True"
+    lines = [ln for ln in r.stderr.splitlines() if "UCX transport" in ln]
+    assert len(lines) == 1 and "loaded: UCX 1." in lines[0], r.stderr
+
+
+# ------------------------------------------------------------------ hostile peers
+CAP_UCX = 16
+
+
+def _ucx_entry(cid, addrs, worker, rkeys, key_of, tensor_bytes=4096):
+    """A cache-table entry with an address descriptor and a UCX descriptor of the caller's making."""
+    import struct
+    n = len(addrs)
+    adesc = b"".join(struct.pack("<Q", a) for a in addrs)
+    body = struct.pack("<I", len(worker)) + worker + struct.pack("<I", len(rkeys))
+    body += b"".join(struct.pack("<I", len(k)) + k for k in rkeys) + b"".join(struct.pack("<I", k) for k in key_of)
+    return (struct.pack("<qBqIQQQQH", cid, 1, -1, n, tensor_bytes, 8, 1, tensor_bytes // 8, 2) +
+            struct.pack("<BI", 2, len(adesc)) + adesc + struct.pack("<BI", 4, len(body)) + body)
+
+
+def _hostile(entry):
+    import struct
+    from hostile import link_info
+    from test_trust_links import HostileListener
+
+    def make(ours, payload):
+        return link_info(77, caps=1 | CAP_UCX, table=struct.pack("<I", 1) + entry)
+    return HostileListener(make)
+
+
+SECRET = np.frombuffer(b"TOP-SECRET-BYTES" * 256, dtype=np.uint8).copy()
+JUNK = bytes(range(256)) * 2
+
+
+@pytest.mark.parametrize("what", ["rkey index out of range", "no rkeys", "rkey of zero bytes",
+                                  "too few tensor keys", "worker address past the end"])
+def test_malformed_ucx_descriptor_refuses_the_link(what):
+    """Contract: a table whose UCX descriptor is inconsistent is refused whole, before any endpoint,
+    with or without UCX here (the table decoder is the runtime's own)."""
+    addrs = [SECRET.ctypes.data, SECRET.ctypes.data + 8]
+    entry = {
+        "rkey index out of range": lambda: _ucx_entry(5, addrs, JUNK, [JUNK], [0, 1]),
+        "no rkeys": lambda: _ucx_entry(5, addrs, JUNK, [], [0, 0]),
+        "rkey of zero bytes": lambda: _ucx_entry(5, addrs, JUNK, [b""], [0, 0]),
+        "too few tensor keys": lambda: _ucx_entry(5, addrs, JUNK, [JUNK], [0]),
+        "worker address past the end": lambda: _ucx_entry(5, addrs, JUNK, [JUNK], [0, 0])[:-20],
+    }[what]()
+    h = _hostile(entry)
+    me = _engine(1, transport="tcp")
+    try:
+        assert me.link_llm_clusters([cluster(77, h.port)]) == [kb.Status.LLM_LINK_FAILED]
+    finally:
+        me.finalize()
+        h.close()
+
+
+@needs_ucx
+@pytest.mark.parametrize("worker", [JUNK, b"\x04" + JUNK], ids=["garbage", "another-version"])
+@pytest.mark.parametrize("transport", ["ucx", "auto"])
+def test_garbage_worker_address_and_rkeys_never_crash(transport, worker, ucx_tls):
+    """A peer that announces garbage as its UCP worker address and rkeys: the link fails (ucx) or
+    stays on TCP (auto), and no byte of ours goes anywhere. (UCX itself aborts on an address of
+    another format version, 0x04 here: kvblocks checks that before UCX sees it.)"""
+    h = _hostile(_ucx_entry(5, [0x10, 0x20], worker, [JUNK], [0, 0]))
+    me = _engine(1, transport=transport)
+    try:
+        dst = me.allocate_cache(kb.CacheDesc(1, kb.DataType.DT_UINT8, [8, 512]))
+        rets = me.link_llm_clusters([cluster(77, h.port)])
+        if rets == [kb.Status.LLM_SUCCESS]:
+            assert me.link_path(77) != "ucx"
+            with pytest.raises(kb.LLMException):
+                me.pull_kv_blocks(kb.CacheIndex(77, 5), dst, [0], [0])
+        else:
+            assert rets == [kb.Status.LLM_LINK_FAILED]
+        assert not dst.numpy(0).any()
+    finally:
+        me.finalize()
+        h.close()
+
+
+@needs_ucx
+def test_transport_ucx_refuses_a_peer_without_ucx(monkeypatch):
+    """Transport=ucx links only over UCX: a peer without the plugin gets a refused link, named."""
+    port = free_port()
+    monkeypatch.setenv("KVBLOCKS_UCX_PLUGIN", "off")
+    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="auto", tensors=T, blocks=B, block_bytes=BB)
+    monkeypatch.delenv("KVBLOCKS_UCX_PLUGIN")
+    me = _engine(2)
+    try:
+        me.allocate_cache(kb.CacheDesc(T, kb.DataType.DT_UINT8, [B, BB]))
+        assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_LINK_FAILED]
+    finally:
+        me.finalize()
+        peer.close()

@@ -1,0 +1,396 @@
+// SPDX-License-Identifier: Apache-2.0
+// libkvblocks_ucx.so: the UCP side of kvblocks' UCX transport (see transport/ucx_abi.h). One UCP
+// context and worker per engine, in multi-thread mode: a progress thread serves the peer's
+// emulated operations and wire-up, and callers progress the worker themselves while they wait.
+#include <poll.h>
+#include <time.h>
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <vector>
+
+#include "ucx_abi.h"
+
+struct kvb_ucx_ctx {
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  ucp_address_t *address = nullptr;
+  size_t address_len = 0;
+  int efd = -1;
+  std::atomic<bool> stop{false};
+  std::thread progress;
+  // Callers waiting for their operations progress the worker themselves; the progress thread stands
+  // down meanwhile, so that it does not take the events (and the CPU) they wait for.
+  std::atomic<int> waiters{0};
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
+struct kvb_ucx_mem {
+  kvb_ucx_ctx *ctx;
+  ucp_mem_h memh;
+  void *rkey = nullptr;
+  size_t rkey_len = 0;
+};
+
+struct kvb_ucx_ep {
+  kvb_ucx_ctx *ctx;
+  ucp_ep_h ep = nullptr;
+  std::shared_mutex mu;  // posting holds it shared; the force-close exclusive
+  bool closed = false;
+  std::atomic<bool> failed{false};  // the error handler ran (peer failure)
+};
+
+struct kvb_ucx_rkey {
+  ucp_rkey_h rkey;
+};
+
+namespace {
+
+int64_t Now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+void Say(char *err, size_t errlen, const char *what, ucs_status_t st) {
+  if (err != nullptr && errlen != 0) snprintf(err, errlen, "%s: %s", what, ucs_status_string(st));
+}
+
+// Progresses, or sleeps on the worker's event fd until something happens (at most 1 ms).
+void ProgressOrWait(ucp_worker_h w, int efd) {
+  if (ucp_worker_progress(w) != 0) return;
+  if (ucp_worker_arm(w) != UCS_OK) return;  // busy: events are pending
+  pollfd p{efd, POLLIN, 0};
+  poll(&p, 1, 1);
+}
+
+// How long the progress thread keeps polling after its last event before it sleeps: the peer's next
+// request of a burst is usually microseconds away, and waking a sleeping thread costs tens of them on
+// virtual machines. KVBLOCKS_SPIN_US, as kvblocks' own sockets (default 50; 0: sleep at once).
+int64_t SpinNs() {
+  const char *v = getenv("KVBLOCKS_SPIN_US");
+  return (v != nullptr ? atoll(v) : 50) * 1000;
+}
+
+void ProgressLoop(kvb_ucx_ctx *c) {
+  const int64_t spin = SpinNs();
+  int64_t last = 0;
+  while (!c->stop.load(std::memory_order_relaxed)) {
+    if (c->waiters.load() > 0) {
+      std::unique_lock<std::mutex> g(c->mu);
+      c->cv.wait_for(g, std::chrono::milliseconds(10), [c] { return c->waiters.load() == 0 || c->stop.load(); });
+      continue;
+    }
+    if (ucp_worker_progress(c->worker) != 0) {
+      last = Now();
+      continue;
+    }
+    if (Now() - last < spin) continue;
+    if (ucp_worker_arm(c->worker) != UCS_OK) continue;
+    pollfd p{c->efd, POLLIN, 0};
+    poll(&p, 1, 100);
+  }
+}
+
+// Waits for a request (or an immediate result) to finish; false when `deadline` passed first.
+bool Wait(kvb_ucx_ctx *c, void *req, int64_t deadline, ucs_status_t *st) {
+  if (req == nullptr) {
+    *st = UCS_OK;
+    return true;
+  }
+  if (UCS_PTR_IS_ERR(req)) {
+    *st = UCS_PTR_STATUS(req);
+    return true;
+  }
+  while ((*st = ucp_request_check_status(req)) == UCS_INPROGRESS) {
+    if (Now() >= deadline) return false;
+    ProgressOrWait(c->worker, c->efd);
+  }
+  return true;
+}
+
+// A caller waiting: spins on the worker while it makes progress or has been idle for a short while
+// (a reply is usually microseconds away), then sleeps on its event fd (at most 1 ms at a time).
+class Waiter {
+ public:
+  explicit Waiter(kvb_ucx_ctx *c) : c_(c) { c_->waiters.fetch_add(1); }
+  ~Waiter() {
+    if (c_->waiters.fetch_sub(1) == 1) {
+      std::lock_guard<std::mutex> g(c_->mu);
+      c_->cv.notify_all();
+    }
+  }
+  void Step(int64_t now) {
+    if (ucp_worker_progress(c_->worker) != 0) {
+      idle_since_ = 0;
+      return;
+    }
+    if (idle_since_ == 0) idle_since_ = now;
+    if (now - idle_since_ < kSpinNs || ucp_worker_arm(c_->worker) != UCS_OK) return;
+    pollfd p{c_->efd, POLLIN, 0};
+    poll(&p, 1, 1);
+  }
+
+ private:
+  static constexpr int64_t kSpinNs = 500000;
+  kvb_ucx_ctx *c_;
+  int64_t idle_since_ = 0;
+};
+
+void OnError(void *arg, ucp_ep_h, ucs_status_t) { static_cast<kvb_ucx_ep *>(arg)->failed.store(true); }
+
+// Force-closes the endpoint: UCX completes every outstanding operation on it (cancelled) and
+// closes its transports, so nothing lands in local memory afterwards.
+void ForceClose(kvb_ucx_ep *e) {
+  std::unique_lock<std::shared_mutex> g(e->mu);
+  if (e->closed) return;
+  e->closed = true;
+  ucp_request_param_t p;
+  memset(&p, 0, sizeof(p));
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  void *req = ucp_ep_close_nbx(e->ep, &p);
+  ucs_status_t st;
+  // A forced close completes locally; the bound only guards against a UCX defect.
+  if (!Wait(e->ctx, req, Now() + 5000000000LL, &st)) fprintf(stderr, "kvblocks: UCX endpoint close is slow\n");
+  if (req != nullptr && !UCS_PTR_IS_ERR(req)) ucp_request_free(req);
+}
+
+const char *Version() { return ucp_get_version_string(); }
+
+kvb_ucx_ctx *Create(char *err, size_t errlen) {
+  auto *c = new kvb_ucx_ctx;
+  ucp_config_t *cfg = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
+  if (st != UCS_OK) {
+    Say(err, errlen, "ucp_config_read", st);
+    delete c;
+    return nullptr;
+  }
+  // A killed peer must fail a transfer within about a second (UCX's default is much longer).
+  if (getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) ucp_config_modify(cfg, "KEEPALIVE_INTERVAL", "1s");
+  ucp_params_t p;
+  memset(&p, 0, sizeof(p));
+  p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  p.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  p.mt_workers_shared = 1;
+  st = ucp_init(&p, cfg, &c->context);
+  ucp_config_release(cfg);
+  if (st != UCS_OK) {
+    Say(err, errlen, "ucp_init", st);
+    delete c;
+    return nullptr;
+  }
+  ucp_worker_params_t wp;
+  memset(&wp, 0, sizeof(wp));
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_MULTI;
+  st = ucp_worker_create(c->context, &wp, &c->worker);
+  if (st == UCS_OK) st = ucp_worker_get_address(c->worker, &c->address, &c->address_len);
+  if (st == UCS_OK) st = ucp_worker_get_efd(c->worker, &c->efd);
+  if (st != UCS_OK) {
+    Say(err, errlen, "ucp_worker_create", st);
+    if (c->address != nullptr) ucp_worker_release_address(c->worker, c->address);
+    if (c->worker != nullptr) ucp_worker_destroy(c->worker);
+    ucp_cleanup(c->context);
+    delete c;
+    return nullptr;
+  }
+  c->progress = std::thread(ProgressLoop, c);
+  return c;
+}
+
+void Destroy(kvb_ucx_ctx *c) {
+  if (c == nullptr) return;
+  c->stop.store(true);
+  ucp_worker_signal(c->worker);
+  c->progress.join();
+  ucp_worker_release_address(c->worker, c->address);
+  ucp_worker_destroy(c->worker);
+  ucp_cleanup(c->context);
+  delete c;
+}
+
+size_t Address(kvb_ucx_ctx *c, void *buf, size_t cap) {
+  if (c->address_len <= cap) memcpy(buf, c->address, c->address_len);
+  return c->address_len;
+}
+
+kvb_ucx_mem *MemMap(kvb_ucx_ctx *c, void *addr, size_t len, char *err, size_t errlen) {
+  ucp_mem_map_params_t p;
+  memset(&p, 0, sizeof(p));
+  p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  p.address = addr;
+  p.length = len;
+  auto *m = new kvb_ucx_mem{c, nullptr};
+  ucs_status_t st = ucp_mem_map(c->context, &p, &m->memh);
+  if (st != UCS_OK) {
+    Say(err, errlen, "ucp_mem_map", st);
+    delete m;
+    return nullptr;
+  }
+  st = ucp_rkey_pack(c->context, m->memh, &m->rkey, &m->rkey_len);
+  if (st != UCS_OK) {
+    Say(err, errlen, "ucp_rkey_pack", st);
+    ucp_mem_unmap(c->context, m->memh);
+    delete m;
+    return nullptr;
+  }
+  return m;
+}
+
+size_t MemRkey(kvb_ucx_mem *m, void *buf, size_t cap) {
+  if (m->rkey_len <= cap) memcpy(buf, m->rkey, m->rkey_len);
+  return m->rkey_len;
+}
+
+void MemUnmap(kvb_ucx_mem *m) {
+  if (m == nullptr) return;
+  ucp_rkey_buffer_release(m->rkey);
+  ucp_mem_unmap(m->ctx->context, m->memh);
+  delete m;
+}
+
+kvb_ucx_ep *Connect(kvb_ucx_ctx *c, const void *addr, size_t len, char *err, size_t errlen) {
+  (void)len;  // the address is self-describing; its length was checked by the table decoder
+  auto *e = new kvb_ucx_ep;
+  e->ctx = c;
+  ucp_ep_params_t p;
+  memset(&p, 0, sizeof(p));
+  p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.address = static_cast<const ucp_address_t *>(addr);
+  // Peer mode: a dead peer fails the endpoint (and a forced close is allowed). UCX then uses only
+  // transports that detect peer failure (tcp, and on RDMA hosts rc/dc; not shared memory alone).
+  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_handler.cb = OnError;
+  p.err_handler.arg = e;
+  const ucs_status_t st = ucp_ep_create(c->worker, &p, &e->ep);
+  if (st != UCS_OK) {
+    Say(err, errlen, "ucp_ep_create", st);
+    delete e;
+    return nullptr;
+  }
+  return e;
+}
+
+kvb_ucx_rkey *RkeyUnpack(kvb_ucx_ep *e, const void *buf, size_t) {
+  std::shared_lock<std::shared_mutex> g(e->mu);
+  if (e->closed) return nullptr;
+  ucp_rkey_h h;
+  if (ucp_ep_rkey_unpack(e->ep, buf, &h) != UCS_OK) return nullptr;
+  return new kvb_ucx_rkey{h};
+}
+
+void RkeyDestroy(kvb_ucx_rkey *r) {
+  if (r == nullptr) return;
+  ucp_rkey_destroy(r->rkey);
+  delete r;
+}
+
+void FreeAll(std::vector<void *> *reqs, ucs_status_t *worst) {
+  for (void *r : *reqs) {
+    const ucs_status_t s = ucp_request_check_status(r);
+    if (s != UCS_OK && *worst == UCS_OK) *worst = s;
+    ucp_request_free(r);
+  }
+  reqs->clear();
+}
+
+int Run(kvb_ucx_ep *e, kvb_ucx_rkey *const *rkeys, size_t nrkeys, const kvb_ucx_op *ops, size_t n, int get,
+        int64_t deadline, int (*keep_going)(void *), void *arg, char *err, size_t errlen) {
+  std::vector<void *> reqs;
+  void *flush = nullptr;
+  ucs_status_t st = UCS_OK;
+  {
+    std::shared_lock<std::shared_mutex> g(e->mu);
+    if (e->closed || e->failed.load()) {
+      if (err != nullptr) snprintf(err, errlen, "the UCX endpoint has failed or was closed");
+      return KVB_UCX_FAILED;
+    }
+    ucp_request_param_t p;
+    memset(&p, 0, sizeof(p));
+    for (size_t i = 0; i < n && st == UCS_OK; ++i) {
+      const kvb_ucx_op &o = ops[i];
+      if (o.rkey >= nrkeys) {
+        st = UCS_ERR_INVALID_PARAM;
+        break;
+      }
+      void *r = get ? ucp_get_nbx(e->ep, reinterpret_cast<void *>(o.local), o.len, o.remote, rkeys[o.rkey]->rkey, &p)
+                    : ucp_put_nbx(e->ep, reinterpret_cast<void *>(o.local), o.len, o.remote, rkeys[o.rkey]->rkey, &p);
+      if (UCS_PTR_IS_ERR(r)) st = UCS_PTR_STATUS(r);
+      else if (r != nullptr) reqs.push_back(r);
+    }
+    if (st == UCS_OK) flush = ucp_ep_flush_nbx(e->ep, &p);
+  }
+  int out = KVB_UCX_OK;
+  if (st != UCS_OK) {
+    out = KVB_UCX_FAILED;
+    Say(err, errlen, get ? "ucp_get_nbx" : "ucp_put_nbx", st);
+  } else if (UCS_PTR_IS_ERR(flush)) {
+    out = KVB_UCX_FAILED;
+    Say(err, errlen, "ucp_ep_flush_nbx", UCS_PTR_STATUS(flush));
+    flush = nullptr;
+  } else if (flush != nullptr) {
+    Waiter waiter(e->ctx);
+    int64_t next_check = 0;
+    while ((st = ucp_request_check_status(flush)) == UCS_INPROGRESS) {
+      const int64_t now = Now();
+      if (now >= deadline) {
+        out = KVB_UCX_TIMEOUT;
+        break;
+      }
+      if (now >= next_check) {  // about every millisecond: the peer's state, the caller's say
+        next_check = now + 1000000;
+        if (e->failed.load()) {
+          out = KVB_UCX_FAILED;
+          break;
+        }
+        if (keep_going != nullptr && !keep_going(arg)) {
+          out = KVB_UCX_ABORTED;
+          break;
+        }
+      }
+      waiter.Step(now);
+    }
+    if (out == KVB_UCX_OK && st != UCS_OK) {
+      out = KVB_UCX_FAILED;
+      Say(err, errlen, "flush", st);
+    }
+  }
+  if (out != KVB_UCX_OK) ForceClose(e);  // completes (cancels) every outstanding request first
+  if (flush != nullptr) {
+    if (out == KVB_UCX_OK && ucp_request_check_status(flush) != UCS_OK) out = KVB_UCX_FAILED;
+    ucp_request_free(flush);
+  }
+  ucs_status_t worst = UCS_OK;
+  FreeAll(&reqs, &worst);
+  if (out == KVB_UCX_OK && worst != UCS_OK) {
+    Say(err, errlen, "operation", worst);
+    ForceClose(e);
+    out = KVB_UCX_FAILED;
+  }
+  return out;
+}
+
+void Close(kvb_ucx_ep *e) {
+  if (e == nullptr) return;
+  ForceClose(e);
+  delete e;
+}
+
+const kvb_ucx_api kApi = {KVB_UCX_ABI_VERSION, Version, Create, Destroy, Address, MemMap, MemRkey, MemUnmap,
+                          Connect, RkeyUnpack, RkeyDestroy, Run, Close};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const kvb_ucx_api *kvblocks_ucx_api(void) { return &kApi; }
