@@ -15,6 +15,7 @@ import logging
 import socket
 import struct
 import time
+from typing import List, Tuple
 
 import numpy as np
 
@@ -29,7 +30,7 @@ OPTIONS = {hixl.OPTION_AUTO_CONNECT: "1",
            hixl.OPTION_GLOBAL_RESOURCE_CONFIG: '{"comm_resource_config.protocol_desc": ["roce:device"]}'}
 
 
-def check(what, status):
+def check(what: str, status: int) -> None:
     if status != hixl.SUCCESS:
         raise RuntimeError(f"{what} failed: {status}")
 
@@ -45,7 +46,7 @@ def run_server(port: int) -> None:
         with conn:
             conn.sendall(struct.pack(">Q", int(buf.ctypes.data)))
             deadline = time.monotonic() + 60
-            notes = []
+            notes: List[NotifyDesc] = []
             while not notes and time.monotonic() < deadline:
                 status, notes = engine.get_notifies()
                 check("get_notifies", status)
@@ -62,14 +63,16 @@ def run_server(port: int) -> None:
     logging.info("[server] done")
 
 
-def fetch_address(port: int) -> int:
+def fetch_address(port: int) -> Tuple[int, int]:
+    """The server's buffer address and the side channel's file descriptor (kept open)."""
     for _ in range(10):
         try:
             with socket.create_connection(("127.0.0.1", port + 1000), timeout=5) as s:
                 data = b""
                 while len(data) < 8:
                     data += s.recv(8 - len(data))
-                return struct.unpack(">Q", data)[0], s.detach()
+                addr: int = struct.unpack(">Q", data)[0]
+                return addr, s.detach()
         except OSError:
             time.sleep(0.5)
     raise RuntimeError("no server address")

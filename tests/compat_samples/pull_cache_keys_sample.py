@@ -11,6 +11,7 @@ import ctypes
 import logging
 
 import numpy as np
+import numpy.typing as npt
 
 from llm_datadist import (CacheDesc, CacheKey, DataType, LLMClusterInfo, LLMConfig, LLMDataDist, LLMException,
                           LLMRole, LLMStatusCode, Placement)
@@ -35,9 +36,9 @@ def init_llm_datadist(role: LLMRole, cluster_id: int, listen: str = "") -> LLMDa
     return datadist
 
 
-def view(addr: int) -> "np.ndarray":
+def view(addr: int) -> npt.NDArray[np.int32]:
     buf = (ctypes.c_int32 * (SHAPE[0] * SHAPE[1])).from_address(addr)
-    return np.frombuffer(buf, dtype=np.int32).reshape(SHAPE)
+    return np.frombuffer(memoryview(buf), dtype=np.int32).reshape(SHAPE)
 
 
 def run_prompt_sample(port: int, sync_dir: str) -> None:

@@ -39,9 +39,9 @@ def init_llm_datadist(role: LLMRole, cluster_id: int, listen: str = "") -> LLMDa
     return datadist
 
 
-def view(addr: int) -> "np.ndarray":
+def view(addr: int) -> npt.NDArray[np.int32]:
     buf = (ctypes.c_int32 * (ROWS[0] * ROWS[1])).from_address(addr)
-    return np.frombuffer(buf, dtype=np.int32).reshape(ROWS)
+    return np.frombuffer(memoryview(buf), dtype=np.int32).reshape(ROWS)
 
 
 def addrs_of(tensors: List[npt.NDArray[np.int32]]) -> List[int]:
