@@ -251,7 +251,6 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
   hello.cluster_id = cluster_id_;
   RandomBytes(hello.nonce, sizeof(hello.nonce));
   uint8_t server_nonce[kNonceBytes];
-  const int64_t t0 = NowNs();
   st = ClientHandshake(fd, hello, auth_token_, deadline, server_nonce);
   if (st != LLM_SUCCESS) return fail(st == LLM_TIMEOUT ? st : LLM_LINK_FAILED);
 
@@ -264,6 +263,7 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
   Encode(mine, &payload);
   SealLinkInfo('O', hello.nonce, server_nonce, &payload);
   FrameHeader h;
+  const int64_t sent = NowNs();  // the acceptor reads its clock after this and before t1
   IoResult ir = SendFrame(fd, kLinkInfo, 0, payload, deadline);
   if (ir == IoResult::kOk && !RecvTyped(fd, kLinkInfo, deadline, &h, &payload, kMaxControlPayload))
     ir = IoResult::kError;
@@ -289,7 +289,11 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
   auto link = NewLink(theirs.cluster_id, theirs.info);
   link->same_process = FromThisProcess('A', hello.nonce, server_nonce, payload);
   memcpy(link->token, theirs.link_token, sizeof(link->token));
-  link->clock_offset_ns = theirs.info.clock_ns - (t0 + (t1 - t0) / 2);
+  // Each side converts deadlines with the bound of the offset that puts them earliest in the peer's
+  // clock: a server then stops no later than the requester's real deadline, so nothing lands after
+  // the requester's call returned (it may stop up to clock_slack_ns early).
+  link->clock_offset_ns = theirs.info.clock_ns - t1;
+  link->clock_slack_ns = t1 - sent;
   link->opener = true;
   link->linked_by_us = true;
   link->remote_ip = ip;
@@ -306,7 +310,7 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
   if (!link->same_process && (link->capabilities & (kCapSharedMemory | kCapCma)) != 0 &&
       SameHostHint(me, link->peer))
     local_fd = ConnectLocal(theirs.info.local_name);
-  Confirm confirm{-link->clock_offset_ns, local_fd >= 0};
+  Confirm confirm{sent - theirs.info.clock_ns, local_fd >= 0};
   ir = SendMessage(fd, kConfirm, 0, confirm, deadline);
   if (ir != IoResult::kOk) return fail(StatusOf(ir));
   if (local_fd >= 0) {
@@ -545,6 +549,7 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
       !RecvTyped(fd, kConfirm, deadline, &h, &payload, 64) || !Decode(payload, &confirm))
     return drop();
   link->clock_offset_ns = confirm.clock_offset_ns;
+  link->clock_slack_ns = NowNs() - mine.info.clock_ns;  // the opener sampled within this window
   if (confirm.local_exchange && lfd >= 0) {
     std::vector<std::shared_ptr<CacheEntry>> keep;
     const LocalFds fds = OurMemfds(mine.info.caches, &keep);

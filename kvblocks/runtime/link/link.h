@@ -55,7 +55,8 @@ struct Link {
   uint16_t remote_port = 0;
   uint8_t token[16] = {};
   int ctrl_fd = -1;
-  int64_t clock_offset_ns = 0;  // peer clock = local clock + offset
+  int64_t clock_offset_ns = 0;  // peer clock = local clock + offset (the bound that errs early)
+  int64_t clock_slack_ns = 0;   // how early the peer may stop serving our request: the offset's error
   PeerIdentity peer;          // claimed: hints only
   LocalPeer local;            // kernel-verified same-host peer (pid, pidfd, memfds); pid 0 when none
   uint64_t capabilities = 0;  // offered by both sides

@@ -93,6 +93,9 @@ class TcpPath : public Path {
 
  private:
   void Build(const PipeItem &it, Pending *p) const;
+  // The server stops at its view of our deadline, which errs early by up to the offset's error:
+  // a channel it closed that close to the deadline means it gave up in time.
+  int64_t Slack() const { return std::max(kDeadlineSlackNs, link_->clock_slack_ns); }
   Status ReadReply(RecvBuffer &rb, Pending &p, bool *reusable);
   Status Exchange(int fd, std::vector<iovec> &iov, size_t head, bool pull, bool inline_data, uint64_t total,
                   int64_t deadline, bool *reusable);
@@ -174,9 +177,7 @@ Status TcpPath::Execute(const Plan &plan, const CacheEntry &local, bool pull, in
     if (st != LLM_SUCCESS) break;
   }
   link_->ReleaseChannel(fd, reusable);
-  // The server stops at its view of our deadline, which the clock offset measured at link time
-  // may put a little early: a channel it closed just before the deadline means it gave up in time.
-  if (st == LLM_LINK_FAILED && NowNs() >= deadline - kDeadlineSlackNs && link_->alive.load()) st = LLM_TIMEOUT;
+  if (st == LLM_LINK_FAILED && NowNs() >= deadline - Slack() && link_->alive.load()) st = LLM_TIMEOUT;
   return st;
 }
 
@@ -311,7 +312,7 @@ void TcpPath::ExecutePipelined(PipeFeed *feed) {
     while (w == IoResult::kOk && out.sent < p.sent_end && (w = WaitWritable(fd, p.item.deadline)) == IoResult::kOk)
       w = out.Flush(fd);
     st = w == IoResult::kOk ? ReadReply(rb, p, &reusable) : Fail(StatusOf(w), "the peer stopped reading requests");
-    if (st == LLM_LINK_FAILED && NowNs() >= p.item.deadline - kDeadlineSlackNs && link_->alive.load()) st = LLM_TIMEOUT;
+    if (st == LLM_LINK_FAILED && NowNs() >= p.item.deadline - Slack() && link_->alive.load()) st = LLM_TIMEOUT;
     feed->Done(p.item, st);
     broken = st != LLM_SUCCESS && !reusable;
     q.pop_front();

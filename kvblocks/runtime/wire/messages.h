@@ -116,7 +116,7 @@ struct AuthProof {
 };
 
 struct Confirm {
-  int64_t clock_offset_ns = 0;  // acceptor clock = opener clock + offset
+  int64_t clock_offset_ns = 0;  // opener clock = acceptor clock + offset (the bound that errs early)
   bool local_exchange = false;  // the opener connects to the acceptor's local socket now
 };
 
