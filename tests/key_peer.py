@@ -8,6 +8,7 @@ b + 1 in every element), prints ``{"cache_id": id}``, then answers ``{"op": "dea
 id}`` (waits up to 10 s until the owner's table says the key is unbound) and ``{"op": "pull",
 "key": REQ}`` (the status name and the first element pulled).
 Both answer ``{"op": "exit"}``."""
+import ctypes
 import json
 import sys
 import time
@@ -55,7 +56,6 @@ def owner(port, reqs):
 
 
 def cache_view(cache, t):
-    import ctypes
     n = SHAPE[0] * SHAPE[1]
     buf = (ctypes.c_int32 * n).from_address(cache.tensor_addrs[t])
     return np.frombuffer(buf, dtype=np.int32).reshape(SHAPE)

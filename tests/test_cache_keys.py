@@ -4,8 +4,15 @@
 
 The owner P is a plain kvblocks engine binding keys exactly as the compat CacheManager does
 (``_set_batch_keys``); the puller D is the compat LLMDataDist (one per process, as CANN). The
-two-process forms run as compat samples (tests/test_compat_samples.py)."""
+two-process forms run as compat samples (tests/test_compat_samples.py); the L20 tests drive owners
+and a second puller in real second processes (tests/key_peer.py)."""
 import gc
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -15,6 +22,7 @@ from kvblocks.llm_datadist import (CacheDesc, CacheKey, CacheKeyByIdAndIndex, Da
 
 np = pytest.importorskip("numpy")
 from ports import free_port  # noqa: E402
+from hostile import open_link, recv_frame, send_frame  # noqa: E402
 
 P_ID, D_ID = 1, 2
 SHAPE = [2, 64]  # INT32: batch rows of 256 bytes
@@ -204,11 +212,6 @@ class KeyPeer:
     """tests/key_peer.py in a real second process, driven by JSON lines."""
 
     def __init__(self, *args):
-        import json
-        import os
-        import subprocess
-        import sys
-        self._json = json
         here = os.path.dirname(os.path.abspath(__file__))
         self.proc = subprocess.Popen([sys.executable, os.path.join(here, "key_peer.py"), *map(str, args)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -217,10 +220,10 @@ class KeyPeer:
     def read(self):
         line = self.proc.stdout.readline()
         assert line, f"key_peer.py exited with {self.proc.wait(10)}"
-        return self._json.loads(line)
+        return json.loads(line)
 
     def call(self, **cmd):
-        self.proc.stdin.write(self._json.dumps(cmd) + "\n")
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
         return self.read()
 
@@ -247,7 +250,6 @@ def decoder():
 
 def _gone(cm, local, cache_id, timeout=10.0):
     """True once the owner freed cache ``cache_id`` (a pull by id and index finds no cache)."""
-    import time
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
@@ -327,8 +329,6 @@ def test_L20_a_hostile_peer_can_release_only_bound_keys_of_allocated_caches_it_w
     """KEY_CONSUMED (docs/protocol.md) from a hand-written peer: malformed frames, a registered
     cache, a key not bound to the named cache, an unknown cache and a cache created after the link
     change nothing; a well-formed claim releases exactly its key."""
-    import struct
-    from hostile import open_link, recv_frame, send_frame
     KEY_CONSUMED, NOTIFY, NOTIFY_ACK = 18, 16, 17
     owner, d, cm, local, arrays = pair
     ka0, ka1, kr, kc = (CacheKey(P_ID, r) for r in (90, 91, 92, 93))
@@ -360,9 +360,10 @@ def test_L20_a_hostile_peer_can_release_only_bound_keys_of_allocated_caches_it_w
         assert d._engine._describe_remote_cache(P_ID, cache.cache_id)["batch_keys"] == [k._key() for k in keys]
     claim(struct.pack("<qq", a.cache_id, ka0._key()))  # well-formed: released, d is told
     processed(2)
-    deadline = __import__("time").monotonic() + 10
+    deadline = time.monotonic() + 10
     while d._engine._describe_remote_cache(P_ID, a.cache_id)["batch_keys"][0] != -1:
-        assert __import__("time").monotonic() < deadline, "the owner did not announce the release"
+        assert time.monotonic() < deadline, "the owner did not announce the release"
+        time.sleep(0.01)
     with pytest.raises(LLMException) as e:
         cm.pull_cache(ka0, local)
     assert e.value.status_code == S.LLM_KV_CACHE_NOT_EXIST
