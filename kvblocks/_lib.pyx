@@ -577,6 +577,36 @@ cdef class LlmDataDist:
         check_status(st, b"find_remote_key")
         return cid, bi
 
+    def _deallocate_when_unbound(self, cache):
+        """Frees an allocated cache now, or once its last batch key is released (spec hixl.md 3.4);
+        True when deferred. Raises LLMException (not initialized, LLM_TIMEOUT as deallocate_cache)."""
+        cdef int64_t cid = _cache_id(cache)
+        cdef c_bool deferred = False
+        cdef Status st
+        with nogil:
+            st = ImplAccess.DeallocateWhenUnbound(self._impl.get()[0], cid, deferred)
+        check_status(st, b"deallocate_cache")
+        if not deferred:
+            self._keepalive.pop(cid, None)
+        return bool(deferred)
+
+    def _unbind_key(self, cache, int64_t key):
+        """Unbinds ``key`` from a local cache (frees it when a deferred deallocate waited for its
+        last key); True when it was bound. Raises CacheNotExistError for an unknown cache."""
+        cdef int64_t cid = _cache_id(cache)
+        cdef c_bool was = False
+        cdef Status st
+        with nogil:
+            st = ImplAccess.UnbindKey(self._impl.get()[0], cid, key, was)
+        check_status(st, b"remove_cache_key")
+        return bool(was)
+
+    def _release_remote_key(self, uint64_t cluster_id, int64_t cache_id, int64_t key):
+        """This engine consumed ``key`` of the peer's cache: later pulls by it fail here and the
+        owner unbinds it. Raises LinkError / CacheNotExistError."""
+        cdef Status st = ImplAccess.ReleaseRemoteKey(self._impl.get()[0], cluster_id, cache_id, key)
+        check_status(st, b"release_key")
+
     def _pull_row_to_blocks(self, CacheIndex src_index not None, dst_cache, dst_blocks,
                             KvCacheExtParam ext_param=None):
         """Pulls batch row ``src_index.batch_index`` of the peer's contiguous cache into local blocks:

@@ -100,6 +100,15 @@ struct ImplAccess {
                                             uint32_t &) noexcept {
     return llm_datadist::LLM_FEATURE_NOT_ENABLED;
   }
+  static llm_datadist::Status DeallocateWhenUnbound(llm_datadist::LlmDataDist &, int64_t, bool &) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static llm_datadist::Status UnbindKey(llm_datadist::LlmDataDist &, int64_t, int64_t, bool &) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static llm_datadist::Status ReleaseRemoteKey(llm_datadist::LlmDataDist &, uint64_t, int64_t, int64_t) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
   static llm_datadist::Status PullRowToBlocks(llm_datadist::LlmDataDist &, const llm_datadist::CacheIndex &,
                                               const llm_datadist::Cache &, const std::vector<uint64_t> &,
                                               const llm_datadist::KvCacheExtParam &) noexcept {

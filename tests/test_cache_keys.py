@@ -4,8 +4,15 @@
 
 The owner P is a plain kvblocks engine binding keys exactly as the compat CacheManager does
 (``_set_batch_keys``); the puller D is the compat LLMDataDist (one per process, as CANN). The
-two-process forms run as compat samples (tests/test_compat_samples.py)."""
+two-process forms run as compat samples (tests/test_compat_samples.py); the L20 tests drive owners
+and a second puller in real second processes (tests/key_peer.py)."""
 import gc
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -15,6 +22,7 @@ from kvblocks.llm_datadist import (CacheDesc, CacheKey, CacheKeyByIdAndIndex, Da
 
 np = pytest.importorskip("numpy")
 from ports import free_port  # noqa: E402
+from hostile import open_link, recv_frame, send_frame  # noqa: E402
 
 P_ID, D_ID = 1, 2
 SHAPE = [2, 64]  # INT32: batch rows of 256 bytes
@@ -197,3 +205,168 @@ def test_pull_blocks_from_a_contiguous_cache_cuts_the_row_into_local_blocks(pair
 def test_cache_per_device_tensor_addrs(pair):
     _, _, cm, local, arrays = pair
     assert local.per_device_tensor_addrs == [[a.ctypes.data for a in arrays]] == [local.tensor_addrs]
+
+
+# --------------------------------------------------------------------------- L20: the owner learns of releases
+class KeyPeer:
+    """tests/key_peer.py in a real second process, driven by JSON lines."""
+
+    def __init__(self, *args):
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.proc = subprocess.Popen([sys.executable, os.path.join(here, "key_peer.py"), *map(str, args)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.first = self.read()
+
+    def read(self):
+        line = self.proc.stdout.readline()
+        assert line, f"key_peer.py exited with {self.proc.wait(10)}"
+        return json.loads(line)
+
+    def call(self, **cmd):
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self):
+        try:
+            self.proc.stdin.write('{"op": "exit"}\n')
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        assert self.proc.wait(30) == 0
+
+
+@pytest.fixture
+def decoder():
+    d = LLMDataDist(LLMRole.DECODER, 3)
+    d.init(options())
+    cm = d.cache_manager
+    arrays = [np.zeros([2, 64], np.int32) for _ in range(2)]
+    local = cm.register_cache(CacheDesc(2, [2, 64], DataType.DT_INT32), [a.ctypes.data for a in arrays])
+    yield d, cm, local, arrays
+    d.finalize()
+    gc.collect()
+
+
+def _gone(cm, local, cache_id, timeout=10.0):
+    """True once the owner freed cache ``cache_id`` (a pull by id and index finds no cache)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            cm.pull_cache(CacheKeyByIdAndIndex(P_ID, cache_id, 1), local, batch_index=1)
+        except LLMException as e:
+            if e.status_code == S.LLM_KV_CACHE_NOT_EXIST:
+                return True
+            raise
+        time.sleep(0.02)
+    return False
+
+
+def test_L20_deallocate_is_deferred_until_the_pull_consumes_the_last_key(decoder):
+    d, cm, local, arrays = decoder
+    port = free_port()
+    owner = KeyPeer("owner", port, 70)
+    try:
+        cid = owner.first["cache_id"]
+        assert owner.call(op="deallocate") == {"ok": True}  # keys bound: deferred
+        link(d, port)
+        cm.pull_cache(CacheKeyByIdAndIndex(P_ID, cid, 1), local, batch_index=1)  # still there (unbound row)
+        assert (arrays[0][1] == 2).all()
+        cm.pull_cache(CacheKey(P_ID, 70), local)
+        assert (arrays[1][0] == 1).all()
+        assert _gone(cm, local, cid)  # the owner freed it once the key was consumed
+        with pytest.raises(LLMException) as e:
+            cm.pull_cache(CacheKey(P_ID, 70), local)
+        assert e.value.status_code == S.LLM_KV_CACHE_NOT_EXIST
+    finally:
+        owner.close()
+
+
+def test_L20_control_a_partial_pull_does_not_free_the_deferred_cache(decoder):
+    d, cm, local, arrays = decoder
+    port = free_port()
+    owner = KeyPeer("owner", port, 71)
+    try:
+        cid = owner.first["cache_id"]
+        assert owner.call(op="deallocate") == {"ok": True}
+        link(d, port)
+        cm.pull_cache(CacheKey(P_ID, 71), local, src_layer_range=range(0, 1), dst_layer_range=range(0, 1),
+                      tensor_num_per_layer=1)  # tensor 0 only: the key still owes tensor 1
+        assert (arrays[0][0] == 1).all() and not arrays[1].any()
+        assert not _gone(cm, local, cid, timeout=0.5)
+        cm.pull_cache(CacheKey(P_ID, 71), local, src_layer_range=range(1, 2), dst_layer_range=range(1, 2),
+                      tensor_num_per_layer=1)
+        assert (arrays[1][0] == 1).all()
+        assert _gone(cm, local, cid)
+    finally:
+        owner.close()
+
+
+def test_L20_a_second_puller_gets_not_exist_after_the_first_consumed_the_key(decoder):
+    d, cm, local, arrays = decoder
+    port = free_port()
+    owner = KeyPeer("owner", port, 80, 81)
+    other = None
+    try:
+        cid = owner.first["cache_id"]
+        other = KeyPeer("puller", port)  # linked before the key is consumed: its table still has k0
+        assert other.first == {"linked": True}
+        link(d, port)
+        cm.pull_cache(CacheKey(P_ID, 80), local)
+        assert (arrays[0][0] == 1).all()
+        assert other.call(op="released", key=80, cache_id=cid) == {"released": True}
+        assert other.call(op="pull", key=80) == {"status": "LLM_KV_CACHE_NOT_EXIST"}
+        assert other.call(op="pull", key=81) == {"status": "LLM_SUCCESS", "first": 2}  # control: k1 still bound
+        assert owner.call(op="deallocate") == {"ok": True}  # k0 gone, k1 consumed by `other`: freed now
+        assert _gone(cm, local, cid)
+    finally:
+        if other is not None:
+            other.close()
+        owner.close()
+
+
+def test_L20_a_hostile_peer_can_release_only_bound_keys_of_allocated_caches_it_was_shown(pair):
+    """KEY_CONSUMED (docs/protocol.md) from a hand-written peer: malformed frames, a registered
+    cache, a key not bound to the named cache, an unknown cache and a cache created after the link
+    change nothing; a well-formed claim releases exactly its key."""
+    KEY_CONSUMED, NOTIFY, NOTIFY_ACK = 18, 16, 17
+    owner, d, cm, local, arrays = pair
+    ka0, ka1, kr, kc = (CacheKey(P_ID, r) for r in (90, 91, 92, 93))
+    a = owner.allocate([ka0, ka1])
+    r, _ = owner.register([kr])
+    ctrl, _ = open_link(owner.port, cluster_id=77)
+    ctrl.settimeout(10)
+    c = owner.allocate([kc])  # after the link: that peer was never shown it
+
+    def claim(payload):
+        send_frame(ctrl, KEY_CONSUMED, payload)
+
+    def processed(seq):  # the control loop handles frames in order: a NOTIFY's ack follows them
+        send_frame(ctrl, NOTIFY, struct.pack("<QIII", seq, 0, 1, 1) + b"nm")
+        while recv_frame(ctrl)[0] != NOTIFY_ACK:
+            pass
+
+    claim(struct.pack("<q", a.cache_id))  # short
+    claim(struct.pack("<qqB", a.cache_id, ka0._key(), 0))  # trailing byte
+    claim(struct.pack("<qq", a.cache_id, -1))  # negative key
+    claim(struct.pack("<qq", r.cache_id, kr._key()))  # registered: never released
+    claim(struct.pack("<qq", a.cache_id, kr._key()))  # bound, but to another cache
+    claim(struct.pack("<qq", a.cache_id, 12345))  # not bound at all
+    claim(struct.pack("<qq", 999, ka0._key()))  # no such cache
+    claim(struct.pack("<qq", c.cache_id, kc._key()))  # not in the table it got
+    processed(1)
+    link(d, owner.port)
+    for cache, keys in ((a, [ka0, ka1]), (r, [kr]), (c, [kc])):
+        assert d._engine._describe_remote_cache(P_ID, cache.cache_id)["batch_keys"] == [k._key() for k in keys]
+    claim(struct.pack("<qq", a.cache_id, ka0._key()))  # well-formed: released, d is told
+    processed(2)
+    deadline = time.monotonic() + 10
+    while d._engine._describe_remote_cache(P_ID, a.cache_id)["batch_keys"][0] != -1:
+        assert time.monotonic() < deadline, "the owner did not announce the release"
+        time.sleep(0.01)
+    with pytest.raises(LLMException) as e:
+        cm.pull_cache(ka0, local)
+    assert e.value.status_code == S.LLM_KV_CACHE_NOT_EXIST
+    cm.pull_cache(ka1, local)  # the other key of the batch is untouched
+    assert np.array_equal(arrays[0][0], a.numpy(0)[1])
+    ctrl.close()

@@ -190,6 +190,21 @@ def test_llm_config_generate_options():
     cfg.mem_pool_cfg = '{"memory_size": 1024}'
 
 
+def test_llm_config_options_is_a_read_only_view_of_generate_options():
+    cfg = LLMConfig()
+    cfg.device_id = 3
+    cfg.enable_cache_manager = True
+    view = cfg.options
+    assert dict(view) == cfg.generate_options() and view["ge.exec.deviceId"] == "3"
+    with pytest.raises(TypeError):
+        view["llm.EnableCacheManager"] = "0"  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        cfg.options = {}  # type: ignore[misc]
+    cfg.listen_ip_info = "127.0.0.1:26001"
+    assert "llm.listenIpInfo" not in view and cfg.options["llm.listenIpInfo"] == "127.0.0.1:26001"
+    assert cfg.generate_options()["llm.EnableCacheManager"] == "1"  # the view changed nothing
+
+
 def test_cluster_info_ip_encoding():
     c = LLMClusterInfo()
     c.append_local_ip_info("1.2.3.4", 5)

@@ -77,6 +77,18 @@ struct KVBLOCKS_API ImplAccess {
   // batch 0), or LLM_NOT_YET_LINK / LLM_KV_CACHE_NOT_EXIST.
   static llm_datadist::Status FindRemoteKey(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t key,
                                             int64_t &cache_id, uint32_t &batch_index) noexcept;
+  // CANN's key release (spec hixl.md 3.4), kept by the owner. DeallocateWhenUnbound frees an
+  // allocated cache now, or (`deferred` true) once no batch key is bound any more; registered
+  // caches are removed at once. UnbindKey unbinds `key` from a local cache (`was_bound` says
+  // whether it was), telling linked peers, and frees a deferred cache with its last key.
+  // ReleaseRemoteKey: this engine consumed `key` of the peer's cache `cache_id`; pulls by it fail
+  // here from now on and the owner is told, which unbinds it (LLM_NOT_YET_LINK, LLM_KV_CACHE_NOT_EXIST).
+  static llm_datadist::Status DeallocateWhenUnbound(llm_datadist::LlmDataDist &dd, int64_t cache_id,
+                                                    bool &deferred) noexcept;
+  static llm_datadist::Status UnbindKey(llm_datadist::LlmDataDist &dd, int64_t cache_id, int64_t key,
+                                        bool &was_bound) noexcept;
+  static llm_datadist::Status ReleaseRemoteKey(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t cache_id,
+                                               int64_t key) noexcept;
   // CANN's pull_blocks from a contiguous cache: batch row src.batch_index of the peer's cache is
   // cut into local-block-sized chunks and chunk j lands in dst_blocks[j] (the last may be short),
   // in every selected tensor. Checked as PullKvBlocks, before any byte moves.

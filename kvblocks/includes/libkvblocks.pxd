@@ -252,6 +252,12 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         Status FindRemoteKey(CLlmDataDist& dd, uint64_t cluster_id, int64_t key, int64_t& cache_id,
                              uint32_t& batch_index) noexcept
         @staticmethod
+        Status DeallocateWhenUnbound(CLlmDataDist& dd, int64_t cache_id, c_bool& deferred) noexcept
+        @staticmethod
+        Status UnbindKey(CLlmDataDist& dd, int64_t cache_id, int64_t key, c_bool& was_bound) noexcept
+        @staticmethod
+        Status ReleaseRemoteKey(CLlmDataDist& dd, uint64_t cluster_id, int64_t cache_id, int64_t key) noexcept
+        @staticmethod
         Status PullRowToBlocks(CLlmDataDist& dd, const CCacheIndex& src, const CCache& dst,
                                const vector[uint64_t]& dst_blocks, const CKvCacheExtParam& ext) noexcept
         @staticmethod

@@ -5,7 +5,8 @@ from __future__ import annotations
 import enum
 import json
 import socket
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from types import MappingProxyType
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from kvblocks.llm_datadist._check import (
     check_int32,
@@ -400,6 +401,15 @@ class LlmConfig:
         return opts
 
     gen_options = generate_options
+
+    @property
+    def options(self) -> Mapping[str, str]:
+        """A read-only view of what :meth:`generate_options` returns now: a fresh snapshot on each
+        access (later setter calls do not change a view already taken). Pass ``dict(cfg.options)``
+        or ``cfg.generate_options()`` where a mutable dict is needed.
+
+        Raises TypeError on an attempt to modify the view (and AttributeError on assignment)."""
+        return MappingProxyType(self.generate_options())
 
 
 LLMConfig = LlmConfig

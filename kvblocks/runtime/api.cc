@@ -139,6 +139,16 @@ Status ImplAccess::FindRemoteKey(llm_datadist::LlmDataDist &dd, uint64_t cluster
                                  uint32_t &batch_index) noexcept {
   return llm_datadist::Guard([&] { return dd.impl_->FindRemoteKey(cluster_id, key, &cache_id, &batch_index); });
 }
+Status ImplAccess::DeallocateWhenUnbound(llm_datadist::LlmDataDist &dd, int64_t cache_id, bool &deferred) noexcept {
+  return llm_datadist::Guard([&] { return dd.impl_->DeallocateWhenUnbound(cache_id, &deferred); });
+}
+Status ImplAccess::UnbindKey(llm_datadist::LlmDataDist &dd, int64_t cache_id, int64_t key, bool &was_bound) noexcept {
+  return llm_datadist::Guard([&] { return dd.impl_->UnbindKey(cache_id, key, &was_bound); });
+}
+Status ImplAccess::ReleaseRemoteKey(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, int64_t cache_id,
+                                    int64_t key) noexcept {
+  return llm_datadist::Guard([&] { return dd.impl_->ReleaseRemoteKey(cluster_id, cache_id, key); });
+}
 Status ImplAccess::PullRowToBlocks(llm_datadist::LlmDataDist &dd, const CacheIndex &src, const Cache &dst,
                                    const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext) noexcept {
   return llm_datadist::Guard([&] { return dd.impl_->PullRowToBlocks(src, dst, dst_blocks, ext); });

@@ -218,6 +218,11 @@ class CacheManager:
         if not pending:
             self._pending.pop(tag, None)
             self._consumed.add(tag)
+            try:  # the owner unbinds it for every puller, and frees a deferred cache with its last key
+                if eng is not None:
+                    eng._release_remote_key(tag[0], cid, tag[1])
+            except _kb.LLMException:
+                pass  # the link is gone: so is every other puller's view through it
 
     # -- registration -----------------------------------------------------------------------
     def register_cache(self, cache_desc: CacheDesc, addrs: List[int], cache_keys: Sequence[CacheKey] = (),
@@ -314,10 +319,17 @@ class CacheManager:
             raise _invalid(f"{func} needs a {'blocks' if blocks else 'non-blocks'} cache")
         eng = self._engine(func, _PARAM_INVALID)
         with engine_call(func):
-            eng.deallocate_cache(cache.cache_id)
-        self._unbind_cache(cache.cache_id)
+            deferred = eng._deallocate_when_unbound(cache.cache_id)
+        if not deferred:  # else the keys stay bound (and pullable) until pulled or removed
+            self._unbind_cache(cache.cache_id)
 
     def deallocate_cache(self, cache: Cache) -> None:
+        """Frees an allocated cache. While keys of it are still bound the free is deferred (spec
+        hixl.md 3.4): the memory stays valid and pullable until the last key is consumed by a
+        peer's pull or removed with :meth:`remove_cache_key`; then it is freed and peers are told.
+
+        Raises TypeError for a non-Cache; LLMException with LLM_PARAM_INVALID (a blocks cache, not
+        initialized) or LLM_TIMEOUT (a same-host peer did not confirm it stopped using it)."""
         self._deallocate("deallocate_cache", cache, False)
 
     def deallocate_blocks_cache(self, cache: Cache) -> None:
@@ -325,7 +337,8 @@ class CacheManager:
 
     def remove_cache_key(self, cache_key: CacheKey) -> None:
         """Unbinds a key of an allocated cache (an unknown key, or a key of a registered cache, is a
-        no-op, as CANN). Peers read keys when they link: an existing link still sees it.
+        no-op, as CANN). Linked peers are told, so their pulls by it fail from then on; a cache whose
+        deallocate was deferred is freed with its last key.
 
         Raises TypeError for a non-CacheKey, LLMException(LLM_FAILED) when not initialized."""
         check_isinstance("cache_key", cache_key, CacheKey, allow_none=False)
@@ -334,16 +347,14 @@ class CacheManager:
         hit = self._bound.get(ident) if ident is not None else None  # type: ignore[arg-type]
         if hit is None:
             return
-        cid, b = hit
+        cid, _ = hit
         if cid not in self._allocated:
             return  # registered-cache keys are never removed
-        keys = self._cache_keys.get(cid, [])
         self._bound.pop(ident, None)  # type: ignore[arg-type]
-        tags = [-1 if (self._identity(k) is None or self._identity(k) not in self._bound) else k._key() for k in keys]
-        try:
-            eng._set_batch_keys(cid, tags)
+        try:  # linked peers are told; a deferred deallocate completes with the last key
+            eng._unbind_key(cid, cache_key._key())
         except _kb.LLMException:
-            pass
+            pass  # the cache is gone already
 
     # -- local copies -----------------------------------------------------------------------
     def copy_cache(self, dst: Cache, src: Cache, dst_batch_index: int = 0, src_batch_index: int = 0,

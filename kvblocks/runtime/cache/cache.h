@@ -32,6 +32,7 @@ struct CacheEntry {
   uint64_t stride = 0;  // bytes per block / batch row
   std::vector<uint64_t> addrs;
   std::vector<int64_t> batch_keys;       // kvblocks extension: a key per batch index (table.h)
+  bool free_when_unbound = false;        // deallocate deferred until the last batch key is released
   std::shared_ptr<SharedRegion> region;  // set for AllocateCache
   uint64_t pitch = 0;                    // distance between tensors inside region
   mutable std::shared_timed_mutex use_mu;  // transfers hold it shared; unregister exclusive

@@ -108,6 +108,10 @@ Status Impl::AddCache(const CacheDesc &desc, const std::vector<uint64_t> &addrs,
 Status Impl::RemoveCache(int64_t cache_id) {
   std::shared_lock<std::shared_mutex> lk(state_mu_);
   if (!initialized()) return Fail(LLM_FAILED, "the engine is not initialized");
+  return RemoveCacheHeld(cache_id);
+}
+
+Status Impl::RemoveCacheHeld(int64_t cache_id) {
   std::shared_ptr<CacheEntry> e = caches_.Find(cache_id);
   if (!e) return LLM_SUCCESS;
   std::lock_guard<std::mutex> one(e->remove_mu);

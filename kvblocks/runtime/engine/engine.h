@@ -87,6 +87,10 @@ class Impl {
   Status FindRemoteKey(uint64_t cluster_id, int64_t key, int64_t *cache_id, uint32_t *batch_index);
   Status PullRowToBlocks(const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &dst_blocks,
                          const KvCacheExtParam &ext);
+  // keys.cc: CANN's key release (spec hixl.md 3.4), kept by the cache's owner.
+  Status DeallocateWhenUnbound(int64_t cache_id, bool *deferred);
+  Status UnbindKey(int64_t cache_id, int64_t key, bool *was_bound);
+  Status ReleaseRemoteKey(uint64_t cluster_id, int64_t cache_id, int64_t key);
   // async.cc: asynchronous blocks transfers; every request is checked (as the synchronous call)
   // before any is submitted. `failed` is the index of the request that failed.
   Status SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *out, size_t *failed);
@@ -195,6 +199,13 @@ class Impl {
   friend class PoolFeed;
   // caches.cc
   Status NotifyCacheGone(int64_t cache_id, int64_t deadline);
+  Status RemoveCacheHeld(int64_t cache_id);  // RemoveCache with state_mu_ already held shared
+  // keys.cc
+  bool UnbindHeld(CacheEntry *e, int64_t key, bool *free_now);
+  void AnnounceReleased(int64_t cache_id, int64_t key);
+  void FreeUnbound(int64_t cache_id);
+  void OnKeyConsumed(const std::shared_ptr<struct Link> &link, const std::string &payload);
+  void OnKeyReleased(struct Link *link, const std::string &payload);
   // links.cc: the UCX transport (transport/ucx_path.h)
   std::shared_ptr<UcxContext> Ucx(std::string *why);  // this engine's worker, made on first need
   void AnnounceUcx(struct LinkInfo *info);

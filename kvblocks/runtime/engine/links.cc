@@ -287,6 +287,7 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
                      static_cast<unsigned long long>(theirs.cluster_id), want));
   }
   auto link = NewLink(theirs.cluster_id, theirs.info);
+  for (const auto &c : mine.info.caches) link->shown.insert(c.id);
   link->same_process = FromThisProcess('A', hello.nonce, server_nonce, payload);
   memcpy(link->token, theirs.link_token, sizeof(link->token));
   // Each side converts deadlines with the bound of the offset that puts them earliest in the peer's
@@ -539,6 +540,7 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
   memcpy(mine.link_token, link->token, sizeof(mine.link_token));
   std::shared_lock<std::shared_timed_mutex> table_hold(table_mu_);  // until the link is registered
   FillLinkInfo(&mine.info);
+  for (const auto &c : mine.info.caches) link->shown.insert(c.id);
   if (!link->same_process && (link->capabilities & (kCapSharedMemory | kCapCma)) != 0)
     lfd = ListenLocal(&mine.info.local_name);
   std::string out;

@@ -530,6 +530,9 @@ Status Impl::DescribeRemoteCache(uint64_t cluster_id, int64_t cache_id, RemoteCa
   out->addrs = rc.addrs;
   out->allocated = rc.has_memfd;
   out->batch_keys = rc.batch_keys;
+  std::shared_lock<std::shared_mutex> g(rc.live->mu);
+  for (auto &k : out->batch_keys)
+    if (rc.live->released_keys.count(k) != 0) k = -1;  // released since linking (keys.cc)
   return LLM_SUCCESS;
 }
 
@@ -540,6 +543,10 @@ Status Impl::FindRemoteKey(uint64_t cluster_id, int64_t key, int64_t *cache_id, 
   for (const auto &kv : t.link->caches)
     for (size_t b = 0; b < kv.second.batch_keys.size(); ++b)
       if (key >= 0 && kv.second.batch_keys[b] == key) {
+        std::shared_lock<std::shared_mutex> g(kv.second.live->mu);
+        if (kv.second.live->released_keys.count(key) != 0)  // released since linking (keys.cc)
+          return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu released key %lld", (unsigned long long)cluster_id,
+                      (long long)key);
         *cache_id = kv.first;
         *batch_index = static_cast<uint32_t>(b);
         return LLM_SUCCESS;

@@ -81,6 +81,10 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
       link->ReverseRefused();
     } else if (h.type == kNotify || h.type == kNotifyAck) {
       OnNotify(link, h.type, payload);
+    } else if (h.type == kKeyConsumed) {
+      OnKeyConsumed(link, payload);
+    } else if (h.type == kKeyReleased) {
+      OnKeyReleased(link.get(), payload);
     }
   }
   // The peer closed the control connection (exit, crash, unlink or finalize): the link is gone.

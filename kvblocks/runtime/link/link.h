@@ -33,6 +33,7 @@ struct RemoteCache : TableEntry {
   struct Liveness {
     std::shared_mutex mu;
     bool gone = false;
+    std::set<int64_t> released_keys;  // batch keys the owner (or we) released since linking
   };
   std::shared_ptr<Liveness> live = std::make_shared<Liveness>();
   std::shared_ptr<Path> path;
@@ -65,6 +66,7 @@ struct Link {
   bool one_sided = false;  // some cache is reached without the peer (memcpy, CMA)
   std::shared_ptr<UcxPeer> ucx;  // the UCP endpoint when some cache is reached over UCX
   std::map<int64_t, RemoteCache> caches;
+  std::set<int64_t> shown;  // our cache ids in the table the peer got (set before the link is used)
   ChannelOpener open_channel;  // opener side: connects and authenticates one more channel
   // Address-based transfers (engine/ranges.cc): `caches` sorted by announced address, built once.
   std::once_flag by_addr_once;

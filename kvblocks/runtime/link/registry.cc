@@ -49,6 +49,14 @@ std::vector<std::shared_ptr<Link>> LinkRegistry::SameHostAlive() const {
   return out;
 }
 
+std::vector<std::shared_ptr<Link>> LinkRegistry::Alive() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<std::shared_ptr<Link>> out;
+  for (const auto &kv : links_)
+    if (kv.second->alive.load()) out.push_back(kv.second);
+  return out;
+}
+
 bool LinkRegistry::empty() const {
   std::lock_guard<std::mutex> g(mu_);
   return links_.empty();

@@ -23,6 +23,7 @@ class LinkRegistry {
   void Erase(const std::shared_ptr<Link> &link);  // only while it is the registered one
   std::map<uint64_t, std::shared_ptr<Link>> TakeAll();
   std::vector<std::shared_ptr<Link>> SameHostAlive() const;
+  std::vector<std::shared_ptr<Link>> Alive() const;
   bool empty() const;
   void ShutdownAll();  // marks every link dead and wakes its I/O
 

@@ -179,6 +179,21 @@ bool Decode(const std::string &in, CacheRef *m) {
   return DecodeAll(in, [&](Reader *r) { m->cache_id = r->Get<int64_t>(); });
 }
 
+void Encode(const KeyRef &m, std::string *out) {
+  Writer w;
+  w.Put<int64_t>(m.cache_id);
+  w.Put<int64_t>(m.key);
+  *out = std::move(w.buf);
+}
+
+bool Decode(const std::string &in, KeyRef *m) {
+  return DecodeAll(in, [&](Reader *r) {
+           m->cache_id = r->Get<int64_t>();
+           m->key = r->Get<int64_t>();
+         }) &&
+         m->key >= 0;
+}
+
 void Encode(const XferRequest &m, std::string *out) {
   Writer w;
   w.buf.reserve(40 + m.tensors.size() * 4 + m.ranges.size() * 16);

@@ -31,6 +31,8 @@ enum FrameType : uint16_t {
   kReverseRefused = 15,  // the opener will not open the requested reverse channel
   kNotify = 16,          // control: a user notification (Notify), answered with kNotifyAck
   kNotifyAck = 17,       // control: Notify with the same seq and the receiver's status, no text
+  kKeyConsumed = 18,     // control: the sender pulled by a key of the receiver's cache, consuming it (KeyRef)
+  kKeyReleased = 19,     // control: a key of the sender's cache is no longer bound (KeyRef)
   kReadReq = 20,
   kReadResp = 21,
   kWriteReq = 22,
@@ -124,6 +126,13 @@ struct CacheRef {  // CACHE_GONE and CACHE_GONE_ACK
   int64_t cache_id = 0;
 };
 
+// KEY_CONSUMED and KEY_RELEASED (spec hixl.md 3.4): key `key` bound to a batch of cache `cache_id`
+// of the cache's owner (the receiver of KEY_CONSUMED, the sender of KEY_RELEASED).
+struct KeyRef {
+  int64_t cache_id = 0;
+  int64_t key = -1;
+};
+
 // NOTIFY and NOTIFY_ACK: a user notification on the control connection. It follows every transfer
 // the sender finished before it; the ack says whether the receiver queued it (status LLM_SUCCESS, or
 // LLM_LINK_BUSY when its queue is full). Name and message are at most kMaxNotifyName and
@@ -157,6 +166,7 @@ void Encode(const Confirm &m, std::string *out);
 void Encode(const CacheRef &m, std::string *out);
 void Encode(const XferRequest &m, std::string *out);
 void Encode(const Notify &m, std::string *out);
+void Encode(const KeyRef &m, std::string *out);
 
 bool Decode(const std::string &in, Hello *m);  // false also for another protocol version
 bool Decode(const std::string &in, Challenge *m);
@@ -167,6 +177,7 @@ bool Decode(const std::string &in, Confirm *m);
 bool Decode(const std::string &in, CacheRef *m);
 bool Decode(const std::string &in, XferRequest *m);
 bool Decode(const std::string &in, Notify *m);
+bool Decode(const std::string &in, KeyRef *m);  // false also for a negative key
 
 }  // namespace kvblocks
 
