@@ -128,6 +128,25 @@ def _cma_iovecs(p, raddrs, direction, pattern, B):
     return prepared
 
 
+def raw_cma_fn(p, direction, pattern, B):
+    """A call of process_vm_readv/writev over the blocks of pair ``p`` (B per tensor, one iovec each,
+    1024 per syscall, iovecs built before timing). Raises nothing; the function raises OSError when
+    a syscall moves fewer bytes."""
+    pid, raddrs = p.peer.call("addrs", p.rkey)
+    f, errno = _cma_call(direction)
+    it = itertools.cycle(_cma_iovecs(p, raddrs, direction, pattern, B))
+    n, bb = p.nt * B, p.bb
+
+    def fn():
+        liov, riov = next(it)
+        lp, rp = liov.ctypes.data, riov.ctypes.data
+        for k in range(0, n, 1024):
+            m = min(1024, n - k)
+            if f(pid, lp + k * 16, m, rp + k * 16, m, 0) != m * bb:
+                raise OSError(errno(), "process_vm_readv/writev failed")
+    return fn
+
+
 def raw_cma_case(size, direction, pattern):
     """process_vm_readv/writev through ctypes on the same blocks of the peer's registered arrays:
     one iovec per block, 1024 per syscall, iovecs built before timing (the kernel's CMA cost).
@@ -135,20 +154,7 @@ def raw_cma_case(size, direction, pattern):
     L, nb, bb, B = SIZES[size]
 
     def make(h):
-        p = h.pair("cma", 2 * L, nb, bb)
-        pid, raddrs = p.peer.call("addrs", p.rkey)
-        f, errno = _cma_call(direction)
-        it = itertools.cycle(_cma_iovecs(p, raddrs, direction, pattern, B))
-        n = 2 * L * B
-
-        def fn():
-            liov, riov = next(it)
-            lp, rp = liov.ctypes.data, riov.ctypes.data
-            for k in range(0, n, 1024):
-                m = min(1024, n - k)
-                if f(pid, lp + k * 16, m, rp + k * 16, m, 0) != m * bb:
-                    raise OSError(errno(), "process_vm_readv/writev failed")
-        return fn, None
+        return raw_cma_fn(h.pair("cma", 2 * L, nb, bb), direction, pattern, B), None
 
     return Case(f"base/raw-cma/{size}/{direction}/{pattern}", "cma", make, baseline=f"base/gather/{size}/{pattern}",
                 bytes=2 * L * B * bb, blocks=2 * L * B, reps=size, path="raw",

@@ -6,7 +6,6 @@ Groups: ``limits`` (memcpy-all, the 2-32 MiB same-host cases) and ``model``.
 """
 from __future__ import annotations
 
-import itertools
 import os
 
 from . import baselines as bl
@@ -68,20 +67,7 @@ def raw_cma_shape_case(id, nt, nb, bb, B, direction, pgroup):
     one iovec per block, 1024 per call, iovecs built before timing. Raises nothing; ``fn`` raises
     OSError when a call moves fewer bytes."""
     def make(h):
-        p = h.pair("cma", nt, nb, bb)
-        pid, raddrs = p.peer.call("addrs", p.rkey)
-        f, errno = bl._cma_call(direction)
-        it = itertools.cycle(bl._cma_iovecs(p, raddrs, direction, "random", B))
-        n = nt * B
-
-        def fn():
-            liov, riov = next(it)
-            lp, rp = liov.ctypes.data, riov.ctypes.data
-            for k in range(0, n, 1024):
-                m = min(1024, n - k)
-                if f(pid, lp + k * 16, m, rp + k * 16, m, 0) != m * bb:
-                    raise OSError(errno(), "process_vm_readv/writev failed")
-        return fn, None
+        return bl.raw_cma_fn(h.pair("cma", nt, nb, bb), direction, "random", B), None
 
     return Case(id, "limits", make, bytes=nt * B * bb, blocks=nt * B, reps="large", path="raw", pgroup=pgroup,
                 note="ctypes process_vm_readv/writev, 1 iovec per block (the kernel's CMA cost)")

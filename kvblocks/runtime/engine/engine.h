@@ -150,6 +150,8 @@ class Impl {
   Status FindRemote(Transfer *t, int64_t cache_id);
   Status Execute(Transfer *t, bool pull);  // t and then t->rest
   Status ExecuteOne(Transfer *t, bool pull);
+  Status PullIntoBlocks(Transfer *t, const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &dst_blocks,
+                        const KvCacheExtParam &ext, bool *explicit_range, TensorSpan *span);
   Status PreparePullBlocks(Transfer &t, const CacheIndex &src, const Cache &dst,
                            const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
                            const KvCacheExtParam &ext);

@@ -173,15 +173,10 @@ Status Impl::PreparePullBlocks(Transfer &t, const CacheIndex &src, const Cache &
   if (src.batch_index != 0) return Fail(LLM_PARAM_INVALID, "src_index.batch_index must be 0 for blocks");
   if ((st = CheckPullRanges(ext)) != LLM_SUCCESS || (st = CheckLists(src_blocks, dst_blocks)) != LLM_SUCCESS) return st;
   if (src.cluster_id == cluster_id_) return Fail(LLM_PARAM_INVALID, "src_index.cluster_id is this engine's own");
-  if ((st = FindLocal(&t, dst.cache_id)) != LLM_SUCCESS) return st;
-  const CacheEntry &lc = *t.local;
-  if (lc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "local cache %lld holds batches, not blocks", (long long)lc.id);
   bool explicit_range;
   TensorSpan span;
-  if ((st = PullSpan(ext, lc, &explicit_range, &span)) != LLM_SUCCESS) return st;
-  if ((st = FindLink(&t, src.cluster_id)) != LLM_SUCCESS) return st;
-  if ((st = CheckBlocks("dst_blocks", dst_blocks, lc.num_blocks, "local", lc.id)) != LLM_SUCCESS) return st;
-  if ((st = FindRemote(&t, src.cache_id)) != LLM_SUCCESS) return st;
+  if ((st = PullIntoBlocks(&t, src, dst, dst_blocks, ext, &explicit_range, &span)) != LLM_SUCCESS) return st;
+  const CacheEntry &lc = *t.local;
   const RemoteCache &rc = *t.remote;
   if (rc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "remote cache %lld holds batches, not blocks", (long long)rc.id);
   if ((st = CheckRemoteSpan(span, explicit_range, rc, lc.num_tensors)) != LLM_SUCCESS) return st;
@@ -562,6 +557,20 @@ Status Impl::FindRemoteKey(uint64_t cluster_id, int64_t key, int64_t *cache_id, 
 }
 
 // Row src.batch_index of a contiguous remote cache, cut into local blocks: chunk j -> dst_blocks[j].
+// The local half of a pull into blocks, in CANN's order: local cache, layer math, link, local
+// bounds; then the remote cache (the caller checks its kind and bounds).
+Status Impl::PullIntoBlocks(Transfer *t, const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &dst_blocks,
+                            const KvCacheExtParam &ext, bool *explicit_range, TensorSpan *span) {
+  Status st;
+  if ((st = FindLocal(t, dst.cache_id)) != LLM_SUCCESS) return st;
+  const CacheEntry &lc = *t->local;
+  if (lc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "local cache %lld holds batches, not blocks", (long long)lc.id);
+  if ((st = PullSpan(ext, lc, explicit_range, span)) != LLM_SUCCESS) return st;
+  if ((st = FindLink(t, src.cluster_id)) != LLM_SUCCESS) return st;
+  if ((st = CheckBlocks("dst_blocks", dst_blocks, lc.num_blocks, "local", lc.id)) != LLM_SUCCESS) return st;
+  return FindRemote(t, src.cache_id);
+}
+
 Status Impl::PullRowToBlocks(const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &dst_blocks,
                              const KvCacheExtParam &ext) {
   Transfer t;
@@ -570,15 +579,10 @@ Status Impl::PullRowToBlocks(const CacheIndex &src, const Cache &dst, const std:
   if ((st = CheckPullRanges(ext)) != LLM_SUCCESS) return st;
   if (dst_blocks.empty()) return Fail(LLM_PARAM_INVALID, "dst_blocks is empty");
   if (src.cluster_id == cluster_id_) return Fail(LLM_PARAM_INVALID, "src_index.cluster_id is this engine's own");
-  if ((st = FindLocal(&t, dst.cache_id)) != LLM_SUCCESS) return st;
-  const CacheEntry &lc = *t.local;
-  if (lc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "local cache %lld holds batches, not blocks", (long long)lc.id);
   bool explicit_range;
   TensorSpan span;
-  if ((st = PullSpan(ext, lc, &explicit_range, &span)) != LLM_SUCCESS) return st;
-  if ((st = FindLink(&t, src.cluster_id)) != LLM_SUCCESS) return st;
-  if ((st = CheckBlocks("dst_blocks", dst_blocks, lc.num_blocks, "local", lc.id)) != LLM_SUCCESS) return st;
-  if ((st = FindRemote(&t, src.cache_id)) != LLM_SUCCESS) return st;
+  if ((st = PullIntoBlocks(&t, src, dst, dst_blocks, ext, &explicit_range, &span)) != LLM_SUCCESS) return st;
+  const CacheEntry &lc = *t.local;
   const RemoteCache &rc = *t.remote;
   if (rc.kind == CacheKind::kBlocks) return Fail(LLM_PARAM_INVALID, "remote cache %lld holds blocks, not batches", (long long)rc.id);
   if ((st = CheckRemoteSpan(span, explicit_range, rc, lc.num_tensors)) != LLM_SUCCESS) return st;
