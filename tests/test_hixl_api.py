@@ -48,6 +48,12 @@ class Fixture:
     def descs(self, offsets=(0, 8192, 16384), n=1024):
         return [hx.TransferOpDesc(addr(self.ca) + o, addr(self.sa) + o, n) for o in offsets]
 
+    def keep(self, *bufs):
+        """Holds buffers a test registered until the engines are finalized: registered memory must
+        stay valid while it is registered."""
+        self.kept = getattr(self, "kept", []) + list(bufs)
+        return bufs[0] if len(bufs) == 1 else bufs
+
     def close(self):
         self.c.finalize()
         self.s.finalize()
@@ -427,7 +433,7 @@ def test_h31_hostile_ranges(linked):
 
 def test_h32_adjacent_registrations(fx):
     """H32"""
-    x = buf(8192, lambda i: (i * 7) % 256)
+    x = fx.keep(buf(8192, lambda i: (i * 7) % 256))
     assert fx.s.register_mem(hx.MemDesc(addr(x), 4096), hx.MEM_DEVICE)[0] == hx.SUCCESS
     assert fx.s.register_mem(hx.MemDesc(addr(x) + 4096, 4096), hx.MEM_HOST)[0] == hx.SUCCESS
     assert fx.c.connect(fx.sname) == hx.SUCCESS
@@ -435,7 +441,7 @@ def test_h32_adjacent_registrations(fx):
     assert fx.c.transfer_sync(fx.sname, hx.READ, d) == hx.SUCCESS
     assert bytes(fx.ca)[2048:6144] == bytes(x)[2048:6144]
     # and on the local side: C's 64 KiB buffer split in two registrations
-    y = buf(8192)
+    y = fx.keep(buf(8192))
     assert fx.c.disconnect(fx.sname) == hx.SUCCESS
     assert fx.c.register_mem(hx.MemDesc(addr(y), 4096), hx.MEM_HOST)[0] == hx.SUCCESS
     assert fx.c.register_mem(hx.MemDesc(addr(y) + 4096, 4096), hx.MEM_HOST)[0] == hx.SUCCESS
@@ -447,7 +453,7 @@ def test_h32_adjacent_registrations(fx):
 def test_h33_registered_after_connect(linked):
     """H33"""
     fx = linked
-    late = buf(4096, 0x33)
+    late = fx.keep(buf(4096, 0x33))
     assert fx.s.register_mem(hx.MemDesc(addr(late), 4096), hx.MEM_DEVICE)[0] == hx.SUCCESS
     d = [hx.TransferOpDesc(addr(fx.ca), addr(late), 4096)]
     assert fx.c.transfer_sync(fx.sname, hx.READ, d) == hx.PARAM_INVALID
@@ -580,7 +586,7 @@ def test_notify_follows_async_transfers(linked):
     after that transfer's bytes are in place."""
     fx = linked
     big = 1 << 20
-    src, dst = buf(big, 0x77), buf(big)
+    src, dst = fx.keep(buf(big, 0x77), buf(big))
     fx.c.disconnect(fx.sname)
     assert fx.c.register_mem(hx.MemDesc(addr(src), big), hx.MEM_HOST)[0] == hx.SUCCESS
     assert fx.s.register_mem(hx.MemDesc(addr(dst), big), hx.MEM_HOST)[0] == hx.SUCCESS
