@@ -483,14 +483,15 @@ void Impl::AcceptChannel(int fd, const Hello &hello, int64_t deadline) {
       LogWarn("cluster %llu opened more than %d data channels; refusing another",
               static_cast<unsigned long long>(hello.cluster_id), kMaxRequesterChannels);
       st = LLM_LINK_FAILED;
-    } else if (hello.kind == ConnKind::kDataFwd) {
-      ++link->served_channels;
+    } else {
+      // The slot is taken under the same lock as the check: concurrent accepts cannot overshoot.
+      ++(hello.kind == ConnKind::kDataFwd ? link->served_channels : link->requester_channels);
     }
   }
   if (SendFrame(fd, kBind, st, nullptr, 0, deadline) != IoResult::kOk || st != LLM_SUCCESS) {
-    if (st == LLM_SUCCESS && hello.kind == ConnKind::kDataFwd) {
+    if (st == LLM_SUCCESS) {
       std::lock_guard<std::mutex> g(link->mu);
-      --link->served_channels;
+      --(hello.kind == ConnKind::kDataFwd ? link->served_channels : link->requester_channels);
     }
     return drop();
   }

@@ -130,8 +130,7 @@ void Link::ReleaseChannel(int fd, bool reusable) {
 
 void Link::AddRequesterChannel(int fd) {
   std::lock_guard<std::mutex> g(mu);
-  idle.push_back(fd);
-  ++requester_channels;
+  idle.push_back(fd);  // its slot in requester_channels was taken when it was accepted
   if (pending_reverse > 0) --pending_reverse;
   cv.notify_all();
 }

@@ -98,7 +98,7 @@ struct Link {
   // A data channel for one request, opened or requested from the peer when none is idle.
   int AcquireChannel(int64_t deadline, llm_datadist::Status *st);
   void ReleaseChannel(int fd, bool reusable);
-  void AddRequesterChannel(int fd);  // a reverse channel the opener opened for us
+  void AddRequesterChannel(int fd);  // a reverse channel the opener opened for us (already counted)
   void ReverseRefused();             // the opener will not open one we asked for
   const char *PathName() const;      // "inprocess", "shm", "cma", "shm+cma" or "tcp"
   ~Link();
