@@ -102,10 +102,16 @@ def test_pull_from_frozen_peer_times_out_and_destination_stays_put(frozen_setup)
     with pytest.raises(kb.LinkError) as e:
         me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, [0], [0])
     assert e.value.status_code == kb.Status.LLM_NOT_YET_LINK
+    relink_and_pull(me, peer, port, cache, BLOCKS, BB)
+
+
+def relink_and_pull(me, peer, port, cache, blocks, bb):
+    """After a failed link: unlink, link again, and pull block 5 of the peer's registered cache
+    into block 0 correctly (the peer's `pattern`)."""
     assert me.unlink_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
     assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
     me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, [5], [0])
-    assert np.array_equal(cache.numpy(3)[0], pattern(1, 3, BLOCKS, BB)[5])
+    assert np.array_equal(cache.numpy(3)[0], pattern(1, 3, blocks, bb)[5])
 
 
 def test_push_to_frozen_peer_times_out_and_remote_stays_put(frozen_setup):

@@ -17,7 +17,7 @@ import kvblocks as kb
 from conftest import cluster, free_port
 from peer import pattern
 from procs import Peer, read_process_memory, release
-from test_failures import _call_frozen_peer, _digest, _remote_digest, _start
+from test_failures import _call_frozen_peer, _digest, _remote_digest, _start, relink_and_pull
 from ucx_env import needs_ucx, ucx_tls  # noqa: F401  (fixture)
 
 T, B, BB = 4, 8, 64
@@ -175,10 +175,7 @@ def test_pull_from_frozen_peer_times_out_with_no_late_writes(frozen_setup):
     assert _digest_of(cache) == before  # the endpoint was force-closed: nothing came late
     with pytest.raises(kb.LinkError):
         me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, [0], [0])
-    assert me.unlink_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
-    assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
-    me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, [5], [0])
-    assert np.array_equal(cache.numpy(3)[0], pattern(1, 3, FB, FBB)[5])
+    relink_and_pull(me, peer, port, cache, FB, FBB)
 
 
 def test_push_to_frozen_peer_times_out(frozen_setup):
