@@ -46,7 +46,7 @@ struct CacheEntry {
   std::mutex serving_mu;
   std::multiset<int> serving_fds;
   // The UCX registration (transport/ucx_path.cc), made when first announced to a peer.
-  std::mutex ucx_mu;
+  mutable std::mutex ucx_mu;
   std::shared_ptr<UcxRegistration> ucx;
 
   uint8_t *tensor(uint32_t i) const { return reinterpret_cast<uint8_t *>(addrs[i]); }

@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-#define KVB_UCX_ABI_VERSION 1
+#define KVB_UCX_ABI_VERSION 2
 
 typedef struct kvb_ucx_ctx kvb_ucx_ctx;  // UCP context + one worker + its progress thread
 typedef struct kvb_ucx_mem kvb_ucx_mem;  // a ucp_mem_map'ed range
@@ -23,7 +23,10 @@ typedef struct kvb_ucx_rkey kvb_ucx_rkey;
 typedef struct {
   uint64_t local, remote, len;  // addresses in this and in the peer's process
   uint32_t rkey;                // index into the rkeys passed to run()
+  uint32_t lmem;                // index into the local mappings passed to run(); KVB_UCX_NO_MEM: none
 } kvb_ucx_op;
+
+#define KVB_UCX_NO_MEM 0xffffffffu
 
 enum { KVB_UCX_OK = 0, KVB_UCX_TIMEOUT = 1, KVB_UCX_FAILED = 2, KVB_UCX_ABORTED = 3 };
 
@@ -44,8 +47,10 @@ typedef struct {
   // (CLOCK_MONOTONIC). `keep_going(arg)` is polled while waiting; 0 aborts. On any outcome but
   // KVB_UCX_OK the endpoint is force-closed before returning: no op of this or any other call on it
   // touches local memory afterwards.
-  int (*run)(kvb_ucx_ep *ep, kvb_ucx_rkey *const *rkeys, size_t nrkeys, const kvb_ucx_op *ops, size_t n, int get,
-             int64_t deadline_ns, int (*keep_going)(void *), void *arg, char *err, size_t errlen);
+  // `lmems`: the local mappings the ops' local ranges lie in (UCX then skips its own lookup).
+  int (*run)(kvb_ucx_ep *ep, kvb_ucx_rkey *const *rkeys, size_t nrkeys, kvb_ucx_mem *const *lmems, size_t nlmems,
+             const kvb_ucx_op *ops, size_t n, int get, int64_t deadline_ns, int (*keep_going)(void *), void *arg,
+             char *err, size_t errlen);
   void (*close)(kvb_ucx_ep *ep);  // force-closes (if still open) and frees
 } kvb_ucx_api;
 

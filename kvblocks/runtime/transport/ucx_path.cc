@@ -199,6 +199,7 @@ class UcxPeer {
   UcxPeer(std::shared_ptr<UcxContext> ctx, kvb_ucx_ep *ep) : ctx_(std::move(ctx)), ep_(ep) {}
   ~UcxPeer() { Api()->close(ep_); }
   kvb_ucx_ep *ep() const { return ep_; }
+  const std::shared_ptr<UcxContext> &ctx() const { return ctx_; }
 
  private:
   std::shared_ptr<UcxContext> ctx_;
@@ -221,19 +222,22 @@ class UcxPath : public Path {
   // One operation per merged run of each tensor pair; the ranges were checked against both
   // tables (engine/transfer.cc) before this is called.
   Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
+    const std::shared_ptr<UcxRegistration> mine = LocalMappings(local);  // held: mapped until we return
     std::vector<kvb_ucx_op> ops;
     ops.reserve(plan.src_tensors.size() * plan.segs.size());
     for (size_t i = 0; i < plan.src_tensors.size(); ++i) {
       const uint32_t lt = pull ? plan.dst_tensors[i] : plan.src_tensors[i];
       const uint32_t rt = pull ? plan.src_tensors[i] : plan.dst_tensors[i];
+      const uint32_t lmem = mine ? mine->key_of[lt] : KVB_UCX_NO_MEM;
       for (const Segment &g : plan.segs) {
         const uint64_t loff = pull ? g.dst_off : g.src_off, roff = pull ? g.src_off : g.dst_off;
-        ops.push_back(kvb_ucx_op{local.addrs[lt] + loff, remote_[rt] + roff, g.len, key_of_[rt]});
+        ops.push_back(kvb_ucx_op{local.addrs[lt] + loff, remote_[rt] + roff, g.len, key_of_[rt], lmem});
       }
     }
     char err[256] = {};
-    const int r = Api()->run(peer_->ep(), rkeys_.data(), rkeys_.size(), ops.data(), ops.size(), pull ? 1 : 0,
-                             deadline, LinkUp, link_, err, sizeof(err));
+    kvb_ucx_mem *const *lmems = mine ? mine->mems.data() : nullptr;
+    const int r = Api()->run(peer_->ep(), rkeys_.data(), rkeys_.size(), lmems, mine ? mine->mems.size() : 0, ops.data(),
+                             ops.size(), pull ? 1 : 0, deadline, LinkUp, link_, err, sizeof(err));
     if (r == KVB_UCX_OK) return LLM_SUCCESS;
     if (r == KVB_UCX_TIMEOUT) return LLM_TIMEOUT;
     return Fail(LLM_LINK_FAILED, "UCX %s to cluster %llu failed: %s", pull ? "get" : "put",
@@ -242,6 +246,13 @@ class UcxPath : public Path {
   }
 
  private:
+  // The local cache's mappings on this path's context, when it has been announced (else UCX finds
+  // or makes its own).
+  std::shared_ptr<UcxRegistration> LocalMappings(const CacheEntry &local) const {
+    std::lock_guard<std::mutex> g(local.ucx_mu);
+    return local.ucx && local.ucx->ctx == peer_->ctx() ? local.ucx : nullptr;
+  }
+
   std::shared_ptr<UcxPeer> peer_;
   Link *link_;  // owns this path
   std::vector<kvb_ucx_rkey *> rkeys_;
