@@ -36,3 +36,22 @@ def test_cli_list_and_bad_case(tmp_path):
     assert r.returncode == 0 and "tcp/large/pull/random" in r.stdout
     r = _run(tmp_path, "--case", "no-such-case")
     assert r.returncode != 0 and "no case matches" in (r.stdout + r.stderr)
+
+
+def test_summary_of_runs(tmp_path):
+    """Two real quick runs side by side: every target once per run, with its median and hold count."""
+    paths = []
+    for i in (1, 2):
+        p = tmp_path / f"r{i}.json"
+        r = _run(tmp_path, "--case", "dispatch/pull-16x16B", "--quick", "--json", str(p), "--no-progress")
+        assert r.returncode == 0, r.stderr
+        paths.append(str(p))
+    from kvblocks.bench import summary
+
+    runs = [json.loads(open(p).read()) for p in paths]
+    table = summary.targets_table(runs)
+    row = next(line for line in table.splitlines() if line.startswith("| in-process dispatch"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2].endswith("us") and cells[3].endswith("us")  # run 1, run 2
+    assert float(cells[4]) > 0 and cells[5] in {"0 of 2", "1 of 2", "2 of 2"}
+    assert summary.runs_table(runs).count("\n") == 3  # header, rule, two runs

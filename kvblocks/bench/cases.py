@@ -14,8 +14,7 @@ import sys
 import tempfile
 
 from . import baselines as bl
-from . import cases_async, cases_hixl, cases_limits
-from . import cases_async, cases_layerwise
+from . import cases_async, cases_hixl, cases_layerwise, cases_limits
 from .common import (KiB, MiB, SCALE_BLOCK_BYTES, SCALE_BLOCKS, SCALE_BLOCKS_64B,
                      SCALE_FIXED_BYTES, SCALE_LAYERS, SIZES, TRANSFER_PATHS, VALIDATION_NS, Case, human_bytes)
 from .common import np as _np
@@ -267,6 +266,10 @@ def _transfer_block(path):
         if path == "tcp" and size == "small":  # the round trip with both CPUs busy
             ping = bl.loaded(bl.pingpong_case())
             out += [ping, bl.loaded(_transfer_case(path, size, "pull", "random"), baseline=ping.id)]
+        if path == "shm" and size == "large":  # the memory bandwidth left with both CPUs busy
+            L, _, bb, B = SIZES[size]
+            copy = bl.loaded(bl.memcpy_case(2 * L * B * bb, pgroup="samehost-large"))
+            out += [copy, bl.loaded(_transfer_case(path, size, "pull", "random"), baseline=copy.id)]
     return out
 
 

@@ -27,8 +27,16 @@ def _samehost(by, pe, add):
                     f"{r['GBps']:.2f} vs {gb:.2f} GB/s (interleaved)")
 
 
+SHM_LOADED_BEFORE = 0.69  # shm large pull / one-core memcpy, both CPUs busy: the best before the copy pool
+
+
 def _limits(by, add):
     """Issue 13's same-host targets: shm at the memory bandwidth, cma near shm and ahead of raw CMA."""
+    r = by.get("shm/large/pull/random/loaded")
+    if r and r.get("ratio"):
+        v = 1 / r["ratio"]
+        add("shm large pull vs memcpy, both CPUs busy", f"{v:.2f}x bw", f">= {SHM_LOADED_BEFORE}x", v >= SHM_LOADED_BEFORE,
+            f"{r['GBps']:.2f} GB/s (interleaved; before: 0.48-0.69x, 6.6-9.4 GB/s)")
     all_core = by.get("base/memcpy-all/256MiB")
     for d in ("pull", "push"):
         shm, cma = by.get(f"shm/large/{d}/random"), by.get(f"cma/large/{d}/random")
