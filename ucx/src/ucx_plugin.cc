@@ -207,7 +207,7 @@ kvb_ucx_ctx *Create(char *err, size_t errlen) {
   // and the peer resumes later (test_ucx.py::test_push_to_frozen_peer_times_out). Two rails, as
   // NIXL: a second NIC (or tcp connection).
   Default(cfg, "MAX_RMA_RAILS", "2");
-  Default(cfg, "MIN_RMA_CHUNK_SIZE", "64K");  // a block-sized put stays on one rail (1.5x on 16 KiB blocks)
+  Default(cfg, "MIN_RMA_CHUNK_SIZE", "64K");  // a block-sized op stays on one rail (16 KiB puts: 1.5x)
   // Adaptive progress parks interfaces no local endpoint uses, and a serving side has none of its
   // own: each request then goes through UCX's async thread and a worker signal (+20 us a call, a
   // third of a core). Two or three interfaces are cheap to poll.
