@@ -202,10 +202,12 @@ kvb_ucx_ctx *Create(char *err, size_t errlen) {
   }
   // A killed peer must fail a transfer within about a second (UCX's default is much longer).
   Default(cfg, "KEEPALIVE_INTERVAL", "1s");
-  // Put stays UCX's peer-mode default, emulated over active messages: a zero-copy put (what
-  // RNDV_THRESH=inf turns on) crashes UCX 1.22 over tcp when its endpoint is force-closed mid-put
-  // and the peer resumes later (test_ucx.py::test_push_to_frozen_peer_times_out). Two rails, as
-  // NIXL: a second NIC (or tcp connection).
+  // Put stays UCX's peer-mode default, emulated over active messages, whatever the environment
+  // says: a zero-copy put (what RNDV_THRESH=inf turns on) crashes UCX 1.22 over tcp when its
+  // endpoint is force-closed mid-put and the peer resumes later
+  // (test_ucx.py::test_push_to_frozen_peer_times_out). The runtime logs the override.
+  ucp_config_modify(cfg, "RNDV_THRESH", "auto");
+  // Two rails, as NIXL: a second NIC.
   Default(cfg, "MAX_RMA_RAILS", "2");
   Default(cfg, "MIN_RMA_CHUNK_SIZE", "64K");  // a block-sized op stays on one rail (16 KiB puts: 1.5x)
   // Adaptive progress parks interfaces no local endpoint uses, and a serving side has none of its

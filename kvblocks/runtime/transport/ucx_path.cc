@@ -84,6 +84,8 @@ void Load() {
   }
   g_api = api;
   LogInfo("UCX transport loaded: UCX %s (%s)", api->version(), path.c_str());
+  if (getenv("UCX_RNDV_THRESH") != nullptr)  // the plugin keeps puts emulated (ucx_plugin.cc)
+    LogWarn("UCX_RNDV_THRESH is ignored: zero-copy puts crash UCX when a timed-out endpoint is closed");
 }
 
 const kvb_ucx_api *Api() {
