@@ -62,6 +62,12 @@ def memcpy_all_case(nbytes, pgroup):
                 note=f"np.copyto split over all {_cpus()} cores: the memory bandwidth")
 
 
+def _reps(nbytes):
+    """The repetition policy for calls of ``nbytes``: "large" takes at most 40 samples, too few
+    for calls of a few MiB, where one slow wake-up moves the median. Raises nothing."""
+    return "large" if nbytes >= 16 * MiB else "mid"
+
+
 def raw_cma_shape_case(id, nt, nb, bb, B, direction, pgroup):
     """A ctypes process_vm_readv/writev loop over the blocks of a (nt, nb, bb) pair, B per tensor,
     one iovec per block, 1024 per call, iovecs built before timing. Raises nothing; ``fn`` raises
@@ -69,7 +75,8 @@ def raw_cma_shape_case(id, nt, nb, bb, B, direction, pgroup):
     def make(h):
         return bl.raw_cma_fn(h.pair("cma", nt, nb, bb), direction, "random", B), None
 
-    return Case(id, "limits", make, bytes=nt * B * bb, blocks=nt * B, reps="large", path="raw", pgroup=pgroup,
+    return Case(id, "limits", make, bytes=nt * B * bb, blocks=nt * B, reps=_reps(nt * B * bb), path="raw",
+                pgroup=pgroup,
                 note="ctypes process_vm_readv/writev, 1 iovec per block (the kernel's CMA cost)")
 
 
@@ -82,8 +89,8 @@ def _shape_case(id, group, path, nt, nb, bb, B, direction, baseline, pgroup, not
         ext = None if per_layer == 2 else kb.KvCacheExtParam((-1, -1), (-1, -1), per_layer)  # MLA: 1 per layer
         return _cases.transfer_fns(h, p, direction, id_lists(rng, nb, B, "random", 16), rng, "random", B, ext)
 
-    return Case(id, group, make, baseline=baseline, bytes=nt * B * bb, blocks=nt * B, reps="large", path=path,
-                pgroup=pgroup, note=note, series=series)
+    return Case(id, group, make, baseline=baseline, bytes=nt * B * bb, blocks=nt * B, reps=_reps(nt * B * bb),
+                path=path, pgroup=pgroup, note=note, series=series)
 
 
 def _mid_cases():

@@ -49,6 +49,7 @@ constexpr uint64_t kParallelBytes = 2ULL << 20;
 // deadline is kept to within one chunk however the plan is shaped.
 constexpr uint64_t kDeadlineCheckBytes = 1ULL << 20;
 constexpr size_t kMaxCopyThreads = 4;  // the caller plus up to 3 copy-pool threads
+constexpr int64_t kPoolSpinNs = 100 * 1000;  // a copy thread's watch for the next job
 
 // ---- asynchronous transfers
 // Worker threads executing submitted transfers, started as needed: enough to keep the channel pool
