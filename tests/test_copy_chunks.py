@@ -2,6 +2,8 @@
 """Large same-host copies go in chunks over the copy pool (transport/copy_pool.*): every byte lands
 once, in its place, for both ways of cutting a plan (pieces of a big tensor; groups of small tensors),
 on shared memory (alloc) and CMA (reg), pull and push."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -76,3 +78,42 @@ def test_large_local_copy_lands_every_byte_once(linked):
         want = pattern(3, t, blocks, bb)
         want[dst] = pattern(2, t, blocks, bb)[src]
         assert np.array_equal(caches["reg"].numpy(t), want), f"tensor {t}"
+
+
+@pytest.mark.parametrize("remote", ["alloc", "reg"])
+def test_concurrent_large_pulls_have_landed_when_they_return(linked, remote):
+    """Threads pulling at once share one copy pool (a caller that finds it busy copies alone). Each
+    call's blocks are zeroed first and checked the moment it returns: a helper still copying after
+    the return, or one that took another caller's chunks, shows as a wrong block."""
+    (tensors, blocks, bb, _, _), peer, me, caches = linked
+    local = caches["alloc"]
+    threads = 4
+    per = blocks // threads  # each thread owns dst blocks [k*per, (k+1)*per)
+    if per * tensors * bb < 2 << 20:
+        pytest.skip("calls under 2 MiB copy without the pool")
+    assert peer.call(op="fill", which=remote) == {"ok": True}  # undo earlier pushes
+    idx = kb.CacheIndex(1, peer.info[remote])
+    errors = []
+
+    def run(k):
+        rng = np.random.default_rng(k)
+        dst = list(range(k * per, (k + 1) * per))
+        try:
+            for _ in range(25):
+                src = rng.choice(blocks, per, replace=False).tolist()
+                for t in range(tensors):
+                    local.numpy(t)[dst] = 0
+                me.pull_kv_blocks(idx, local, src, dst)
+                for t in range(tensors):
+                    if not np.array_equal(local.numpy(t)[dst], pattern(1, t, blocks, bb)[src]):
+                        errors.append(f"thread {k}, tensor {t}")
+                        return
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"thread {k}: {e!r}")
+
+    ts = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
