@@ -72,6 +72,40 @@ class Engine:
     def signal(self, sig: int) -> None:
         os.killpg(self.proc.pid, sig)
 
+    def _group_tasks(self) -> List[str]:
+        """/proc paths of every thread of every process in this engine's process group."""
+        out = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[2]) != self.proc.pid:  # field 5: pgrp
+                        continue
+                out += [f"/proc/{pid}/task/{t}/stat" for t in os.listdir(f"/proc/{pid}/task")]
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+        return out
+
+    def freeze(self, timeout: float = 10) -> None:
+        """SIGSTOPs the engine's process group and returns once every thread of it is stopped: the
+        signal is asynchronous, and a thread that has not stopped yet still serves. Raises
+        TimeoutError when some thread is not stopped within ``timeout``."""
+        self.signal(signal.SIGSTOP)
+        end = time.monotonic() + timeout
+        while True:
+            running = []
+            for path in self._group_tasks():
+                try:
+                    with open(path) as f:
+                        if f.read().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+                            running.append(path)
+                except OSError:
+                    continue
+            if not running:
+                return
+            if time.monotonic() > end:
+                raise TimeoutError(f"{self.name}: not stopped after SIGSTOP: {running}")
+            time.sleep(0.001)
+
     def close(self) -> None:
         if self.proc.poll() is None:
             try:

@@ -192,8 +192,9 @@ def test_frozen_prefill_times_out_and_recomputes(kvb_tcp, reference):
     are right, within the pull timeout plus the recompute; after SIGCONT the decode links again."""
     p, d = kvb_tcp
     pre = p.generate(FROZEN, 1, remote(1))["kv_transfer_params"]
-    p.signal(signal.SIGSTOP)
+    assert all(x and x.get("do_remote_prefill") for x in pre), pre
     try:
+        p.freeze()
         t0 = time.perf_counter()
         out = d.generate(FROZEN, MAX_TOKENS, pre, timeout=60)["tokens"]
         took = time.perf_counter() - t0
