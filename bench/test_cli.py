@@ -55,3 +55,16 @@ def test_summary_of_runs(tmp_path):
     assert cells[2].endswith("us") and cells[3].endswith("us")  # run 1, run 2
     assert float(cells[4]) > 0 and cells[5] in {"0 of 2", "1 of 2", "2 of 2"}
     assert summary.runs_table(runs).count("\n") == 3  # header, rule, two runs
+
+
+def test_cli_reports_limits_and_model_shapes(tmp_path):
+    """The limits and model-shaped cases have tables of their own in the Markdown report (and the
+    console), not only rows in the JSON."""
+    md = tmp_path / "r.md"
+    r = _run(tmp_path, "--case", "limits/cma/2MiB/pull", "--case", "model/qwen2.5-7b/shm/pull", "--quick",
+             "--markdown", str(md), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    text = md.read_text()
+    limits, model = text.index("### At the limits"), text.index("### Model-shaped transfers")
+    assert limits < text.index("| limits/cma/2MiB/pull") < model < text.index("| model/qwen2.5-7b/shm/pull")
+    assert "model/qwen2.5-7b/shm/pull" in r.stdout

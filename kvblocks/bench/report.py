@@ -169,6 +169,10 @@ def _series(rows, peer_rows):
             name = f"kvblocks {r['path']} pull (small/large cases)"
         elif r["id"].startswith("tcp/raw-send/"):
             name = "raw socket send"
+        elif r.get("series", "").endswith(" pull"):
+            name = f"{r['series']} (2 tensors, 16 KiB blocks)"
+        elif parts[0] == "model" and parts[-1] == "pull":
+            name = f"kvblocks {r['path']} pull (model shapes)"
         else:
             continue
         series.setdefault(name, []).append((r["bytes"], r["GBps"]))
@@ -195,10 +199,11 @@ def plot(rows, peer_rows, path, meta=None):
     except ImportError:
         print("--plot needs matplotlib, which is not installed: pip install matplotlib", file=sys.stderr)
         return False
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(12, 5.5))
+    ax.set_prop_cycle(color=plt.cm.tab20.colors)  # more series than tab10's colours
     for name, pts in sorted(_series(rows, peer_rows).items()):
         pts.sort()
-        cases_only = "small/large" in name or r"pull" in name and not name.startswith("kvblocks")
+        cases_only = "small/large" in name or "model shapes" in name or "pull" in name and not name.startswith("kvblocks")
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="x" if cases_only else "o",
                 linestyle=":" if cases_only else "-", label=name)
     ax.set_xscale("log", base=2)
@@ -208,7 +213,7 @@ def plot(rows, peer_rows, path, meta=None):
     title = "kvblocks: bandwidth vs transfer size per path"
     ax.set_title(title + (f"\n{meta['date']}, {load_line(meta)}" if meta else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -19,6 +19,10 @@ SECTIONS = (("validation", "Validation: block-list checks vs a pure-Python loop"
             ("hixl", "hixl: Hixl.transfer_sync vs the native pull_kv_blocks of the same bytes"),
             ("layerwise", "Layer-wise pipeline: 80 layers pushed behind a simulated compute (sleep)"),
             ("scaling", "Scaling (shm unless named; pull, random ids)"),
+            ("limits", "At the limits: shm and cma at 2-32 MiB (2 tensors of random 16 KiB blocks) vs a "
+                       "process_vm_readv loop"),
+            ("model", "Model-shaped transfers: 32 random blocks of 16 tokens per tensor, every layer, vs memcpy "
+                      "on all cores"),
             ("import", "import kvblocks in a fresh interpreter"))
 
 
@@ -91,7 +95,7 @@ class _Engines:
 def _new_row(c):
     return {"id": c.id, "group": c.group, "section": section(c), "path": c.path, "bytes": c.bytes,
             "blocks": c.blocks, "baseline": c.baseline, "note": c.note,
-            "engine": "kvblocks" if c.group != "base" else "numpy"}
+            "engine": "kvblocks" if c.group != "base" else "numpy", **({"series": c.series} if c.series else {})}
 
 
 def _pull_of(c, by_id):
