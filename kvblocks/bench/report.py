@@ -203,7 +203,8 @@ def plot(rows, peer_rows, path, meta=None):
     ax.set_prop_cycle(color=plt.cm.tab20.colors)  # more series than tab10's colours
     for name, pts in sorted(_series(rows, peer_rows).items()):
         pts.sort()
-        cases_only = "small/large" in name or "model shapes" in name or "pull" in name and not name.startswith("kvblocks")
+        cases_only = ("small/large" in name or "model shapes" in name
+                      or "pull" in name and not name.startswith("kvblocks"))
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="x" if cases_only else "o",
                 linestyle=":" if cases_only else "-", label=name)
     ax.set_xscale("log", base=2)
