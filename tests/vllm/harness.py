@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from ports import free_port  # noqa: E402,F401  (tests import it from here)
+from procs import wait_stopped  # noqa: E402
 ENGINE = os.path.join(HERE, "engine_proc.py")
 
 
@@ -72,15 +73,14 @@ class Engine:
     def signal(self, sig: int) -> None:
         os.killpg(self.proc.pid, sig)
 
-    def _group_tasks(self) -> List[str]:
-        """/proc paths of every thread of every process in this engine's process group."""
+    def _group_pids(self) -> List[int]:
+        """Every process in this engine's process group (vLLM's engine core and workers too)."""
         out = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 with open(f"/proc/{pid}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[2]) != self.proc.pid:  # field 5: pgrp
-                        continue
-                out += [f"/proc/{pid}/task/{t}/stat" for t in os.listdir(f"/proc/{pid}/task")]
+                    if int(f.read().rsplit(")", 1)[1].split()[2]) == self.proc.pid:  # field 5: pgrp
+                        out.append(int(pid))
             except (OSError, ValueError, IndexError):
                 continue  # gone meanwhile
         return out
@@ -88,23 +88,10 @@ class Engine:
     def freeze(self, timeout: float = 10) -> None:
         """SIGSTOPs the engine's process group and returns once every thread of it is stopped: the
         signal is asynchronous, and a thread that has not stopped yet still serves. Raises
-        TimeoutError when some thread is not stopped within ``timeout``."""
+        AssertionError when some thread is not stopped within ``timeout``."""
         self.signal(signal.SIGSTOP)
-        end = time.monotonic() + timeout
-        while True:
-            running = []
-            for path in self._group_tasks():
-                try:
-                    with open(path) as f:
-                        if f.read().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
-                            running.append(path)
-                except OSError:
-                    continue
-            if not running:
-                return
-            if time.monotonic() > end:
-                raise TimeoutError(f"{self.name}: not stopped after SIGSTOP: {running}")
-            time.sleep(0.001)
+        for pid in self._group_pids():
+            wait_stopped(pid, timeout)
 
     def close(self) -> None:
         if self.proc.poll() is None:

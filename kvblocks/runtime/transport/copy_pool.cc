@@ -65,12 +65,6 @@ void Work(Job &j) {
   }
 }
 
-size_t UsableCpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return static_cast<size_t>(CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -115,9 +109,10 @@ class Pool {
 
  private:
   Pool() : pid_(getpid()) {
-    CPU_ZERO(&cpus_);
-    if (sched_getaffinity(0, sizeof(cpus_), &cpus_) != 0) CPU_ZERO(&cpus_);
-    const size_t want = std::min(UsableCpus(), kMaxCopyThreads) - 1;
+    size_t usable = std::max(1u, std::thread::hardware_concurrency());
+    if (sched_getaffinity(0, sizeof(cpus_), &cpus_) == 0) usable = static_cast<size_t>(CPU_COUNT(&cpus_));
+    else CPU_ZERO(&cpus_);  // MoveOff then never moves
+    const size_t want = std::min(usable, kMaxCopyThreads) - 1;
     AsyncSignalsBlocked quiet;  // copy threads take no process signals, as every runtime thread
     for (; threads_ < want; ++threads_) {
       try {
