@@ -29,6 +29,13 @@ def run_case(benchmark, harness):
     """Benchmarks one case in its group (baseline rows join the group of the file using them)."""
 
     def run(case, group=None):
+        try:
+            _run(case, group)
+        finally:  # a loaded or one-cpu case undoes its setting, as in the CLI
+            if case.after is not None:
+                case.after(harness)
+
+    def _run(case, group):
         fn, verify = case.make(harness)
         benchmark.group = group if (group and case.group == "base") else case.pgroup
         benchmark.extra_info.update(bytes=case.bytes, blocks=case.blocks, baseline=case.baseline or "",

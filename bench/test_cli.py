@@ -68,3 +68,38 @@ def test_cli_reports_limits_and_model_shapes(tmp_path):
     limits, model = text.index("### At the limits"), text.index("### Model-shaped transfers")
     assert limits < text.index("| limits/cma/2MiB/pull") < model < text.index("| model/qwen2.5-7b/shm/pull")
     assert "model/qwen2.5-7b/shm/pull" in r.stdout
+
+
+def _affinities(pid):
+    return {int(t): os.sched_getaffinity(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+def test_one_cpu_pins_both_ends_and_frees_them():
+    """The one-cpu cases put every thread of the bench and of its tcp peer on one CPU, and give
+    them back every CPU after the row."""
+    from kvblocks import bench as kbb
+
+    h = kbb.Harness()
+    try:
+        _, peer = h.link("tcp")
+        start = os.sched_getaffinity(0)
+        h.one_cpu(True)
+        for pid in (os.getpid(), peer.proc.pid):
+            assert set(map(frozenset, _affinities(pid).values())) == {frozenset({min(start)})}, pid
+        h.one_cpu(False)
+        for pid in (os.getpid(), peer.proc.pid):
+            assert set(map(frozenset, _affinities(pid).values())) == {frozenset(start)}, pid
+    finally:
+        h.close()
+
+
+def test_cli_one_cpu_round_trip_target(tmp_path):
+    """The 16 x 4 KiB pull with both ends on one CPU is measured beside the ping-pong placed alike."""
+    out = tmp_path / "r.json"
+    r = _run(tmp_path, "--case", "tcp/small/pull/random/one-cpu", "--quick", "--json", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    rows = {x["id"]: x for x in data["results"]}
+    assert rows["tcp/small/pull/random/one-cpu"]["baseline"] == "tcp/raw-pingpong-8B/one-cpu"
+    assert rows["tcp/small/pull/random/one-cpu"]["ratio"] > 0
+    assert any("both ends on one CPU" in t["target"] for t in data["targets"])

@@ -222,20 +222,35 @@ def raw_send_c_case(size):
                 pgroup=f"tcp-{size}")
 
 
-def loaded(case, baseline=None):
-    """``case`` measured while every core runs an unrelated busy loop started for it (and stopped
-    after its row), as ``<id>/loaded`` beside ``baseline``. Raises nothing."""
+def _variant(case, suffix, note, setting, baseline):
+    """``case`` measured with the harness ``setting(h, True)`` in force (undone after its row), as
+    ``<id>/<suffix>`` beside ``baseline``. Raises nothing."""
     inner = case.make
 
     def make(h):
-        h.cpu_load(True)
+        setting(h, True)
         return inner(h)
 
-    c = Case(f"{case.id}/loaded", case.group, make, baseline=baseline, bytes=case.bytes, blocks=case.blocks,
-             reps=case.reps, path=case.path, fast=case.fast, note=(case.note + "; " if case.note else "") +
-             "every core busy with an unrelated load", pgroup=case.pgroup)
-    c.after = lambda h: h.cpu_load(False)
+    c = Case(f"{case.id}/{suffix}", case.group, make, baseline=baseline, bytes=case.bytes, blocks=case.blocks,
+             reps=case.reps, path=case.path, fast=case.fast, note=(case.note + "; " if case.note else "") + note,
+             pgroup=case.pgroup)
+    c.after = lambda h: setting(h, False)
     return c
+
+
+def loaded(case, baseline=None):
+    """``case`` measured while every core runs an unrelated busy loop started for it (and stopped
+    after its row), as ``<id>/loaded`` beside ``baseline``. Raises nothing."""
+    return _variant(case, "loaded", "every core busy with an unrelated load", 
+                    lambda h, on: h.cpu_load(on), baseline)
+
+
+def one_cpu(case, baseline=None):
+    """``case`` measured with every thread of this process and of the peers on one CPU (freed again
+    after its row), as ``<id>/one-cpu`` beside ``baseline``: the two ends of a round trip then
+    share a core, whatever the scheduler would have picked. Raises nothing."""
+    return _variant(case, "one-cpu", "both ends pinned to one CPU", 
+                    lambda h, on: h.one_cpu(on), baseline)
 
 
 def pingpong_case():

@@ -279,6 +279,7 @@ class Harness:
         self.inproc = None
         self.sockets = []  # raw baseline connections, closed with the harness
         self.load = []  # busy-loop processes of the loaded cases (cpu_load)
+        self.cpus = os.sched_getaffinity(0)  # given back after the one-cpu cases
         self._next_id = itertools.count(1)
         self.nonce = itertools.count(1)
 
@@ -380,6 +381,21 @@ class Harness:
                 p.kill()
                 p.wait()
             self.load = []
+
+    def one_cpu(self, on):
+        """Pins (``on``) every thread of this process and of the peer processes to this process's
+        first CPU, or gives them back every CPU this process started with. Idempotent.
+
+        Raises:
+            OSError: the affinity of a live thread cannot be set.
+        """
+        cpus = {min(self.cpus)} if on else self.cpus
+        for pid in [os.getpid()] + [p.proc.pid for p in self.peers.values()]:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    os.sched_setaffinity(int(tid), cpus)
+                except ProcessLookupError:  # the thread ended meanwhile
+                    pass
 
     def close(self):
         """Frees every pair and stops every peer; best effort. Raises nothing."""

@@ -75,11 +75,12 @@ def _tcp(by, add):
         add("tcp large pull vs push time", f"{v:.2f}x", "within 10%", abs(v - 1) <= 0.10,
             f"{r['bytes'] / r['paired_pull_median_s'] / 1e9:.2f} vs {r['GBps']:.2f} GB/s; "
             "pull and push interleaved")
-    for suffix, goal in (("", 2), ("/loaded", 3)):
+    for suffix, goal, say in (("", 2, ""), ("/loaded", 3, " (both CPUs busy)"),
+                              ("/one-cpu", 2, " (both ends on one CPU)")):
         r = by.get(f"tcp/small/pull/random{suffix}")
         if r and r.get("ratio"):
             v = r["ratio"]
-            add(f"tcp small pull random vs ping-pong RTT{' (both CPUs busy)' if suffix else ''}", f"{v:.2f}x",
+            add(f"tcp small pull random vs ping-pong RTT{say}", f"{v:.2f}x",
                 f"<= {goal}x", v <= goal, f"{r['median_s'] * 1e6:.1f} us vs {_base_med(r, by) * 1e6:.1f} us "
                 "(interleaved)")
 
