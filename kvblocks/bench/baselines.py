@@ -241,7 +241,7 @@ def _variant(case, suffix, note, setting, baseline):
 def loaded(case, baseline=None):
     """``case`` measured while every core runs an unrelated busy loop started for it (and stopped
     after its row), as ``<id>/loaded`` beside ``baseline``. Raises nothing."""
-    return _variant(case, "loaded", "every core busy with an unrelated load", 
+    return _variant(case, "loaded", "every core busy with an unrelated load",
                     lambda h, on: h.cpu_load(on), baseline)
 
 
@@ -249,7 +249,7 @@ def one_cpu(case, baseline=None):
     """``case`` measured with every thread of this process and of the peers on one CPU (freed again
     after its row), as ``<id>/one-cpu`` beside ``baseline``: the two ends of a round trip then
     share a core, whatever the scheduler would have picked. Raises nothing."""
-    return _variant(case, "one-cpu", "both ends pinned to one CPU", 
+    return _variant(case, "one-cpu", "both ends pinned to one CPU",
                     lambda h, on: h.one_cpu(on), baseline)
 
 
