@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def _run(tmp_path, *args):
     import kvblocks
@@ -75,32 +77,38 @@ def _masks(pid):
     return {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{pid}/task")}
 
 
-def test_one_cpu_pins_both_ends_and_frees_them():
-    """The one-cpu cases put every thread of the bench and of its tcp peer on one CPU, and give
-    them back every CPU after the row."""
+@pytest.mark.parametrize("place", ["one_cpu", "two_cpus"])
+def test_placement_pins_both_ends_and_frees_them(place):
+    """The one-cpu cases put every thread of the bench and of its tcp peer on one CPU, the two-cpu
+    cases the bench's on its first CPU and the peer's on its last; both give every CPU back after
+    the row."""
     from kvblocks import bench as kbb
 
     h = kbb.Harness()
     try:
         _, peer = h.link("tcp")
         start = os.sched_getaffinity(0)
-        h.one_cpu(True)
-        for pid in (os.getpid(), peer.proc.pid):
-            assert _masks(pid) == {frozenset({min(start)})}, pid
-        h.one_cpu(False)
+        getattr(h, place)(True)
+        theirs = min(start) if place == "one_cpu" else max(start)
+        assert _masks(os.getpid()) == {frozenset({min(start)})}
+        assert _masks(peer.proc.pid) == {frozenset({theirs})}
+        getattr(h, place)(False)
         for pid in (os.getpid(), peer.proc.pid):
             assert _masks(pid) == {frozenset(start)}, pid
     finally:
         h.close()
 
 
-def test_cli_one_cpu_round_trip_target(tmp_path):
-    """The 16 x 4 KiB pull with both ends on one CPU is measured beside the ping-pong placed alike."""
+@pytest.mark.parametrize("suffix,say", [("one-cpu", "both ends on one CPU"),
+                                         ("two-cpu", "each end on its own CPU")])
+def test_cli_placed_round_trip_target(tmp_path, suffix, say):
+    """The 16 x 4 KiB pull with both ends placed is measured beside the ping-pong placed alike."""
     out = tmp_path / "r.json"
-    r = _run(tmp_path, "--case", "tcp/small/pull/random/one-cpu", "--quick", "--json", str(out), "--no-progress")
+    case = f"tcp/small/pull/random/{suffix}"
+    r = _run(tmp_path, "--case", case, "--quick", "--json", str(out), "--no-progress")
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     rows = {x["id"]: x for x in data["results"]}
-    assert rows["tcp/small/pull/random/one-cpu"]["baseline"] == "tcp/raw-pingpong-8B/one-cpu"
-    assert rows["tcp/small/pull/random/one-cpu"]["ratio"] > 0
-    assert any("both ends on one CPU" in t["target"] for t in data["targets"])
+    assert rows[case]["baseline"] == f"tcp/raw-pingpong-8B/{suffix}"
+    assert rows[case]["ratio"] > 0
+    assert any(say in t["target"] for t in data["targets"])

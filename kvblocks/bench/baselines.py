@@ -253,6 +253,14 @@ def one_cpu(case, baseline=None):
                     lambda h, on: h.one_cpu(on), baseline)
 
 
+def two_cpus(case, baseline=None):
+    """``case`` measured with every thread of this process on one CPU and every thread of the peers
+    on another (freed again after its row), as ``<id>/two-cpu`` beside ``baseline``: each end of a
+    round trip then wakes on its own core. Raises nothing."""
+    return _variant(case, "two-cpu", "each end pinned to its own CPU",
+                    lambda h, on: h.two_cpus(on), baseline)
+
+
 def pingpong_case():
     """An 8-byte request/response round trip with the peer. Raises nothing; the case's ``fn``
     raises OSError on socket errors."""

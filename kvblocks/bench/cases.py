@@ -266,9 +266,10 @@ def _transfer_block(path):
         if path == "tcp" and size == "small":  # the round trip with both CPUs busy
             ping = bl.loaded(bl.pingpong_case())
             out += [ping, bl.loaded(_transfer_case(path, size, "pull", "random"), baseline=ping.id)]
-            # and with both ends on one core: the placement the ping-pong's fast rounds get
-            ping = bl.one_cpu(bl.pingpong_case())
-            out += [ping, bl.one_cpu(_transfer_case(path, size, "pull", "random"), baseline=ping.id)]
+            # and with both ends placed alike on one core, then on two (the ping-pong's two modes)
+            for place in (bl.one_cpu, bl.two_cpus):
+                ping = place(bl.pingpong_case())
+                out += [ping, place(_transfer_case(path, size, "pull", "random"), baseline=ping.id)]
         if path == "shm" and size == "large":  # the memory bandwidth left with both CPUs busy
             L, _, bb, B = SIZES[size]
             copy = bl.loaded(bl.memcpy_case(2 * L * B * bb, pgroup="samehost-large"))

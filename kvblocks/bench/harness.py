@@ -389,8 +389,23 @@ class Harness:
         Raises:
             OSError: the affinity of a live thread cannot be set.
         """
-        cpus = {min(self.cpus)} if on else self.cpus
-        for pid in [os.getpid()] + [p.proc.pid for p in self.peers.values()]:
+        first = {min(self.cpus)}
+        self._place(first if on else self.cpus, first if on else self.cpus)
+
+    def two_cpus(self, on):
+        """Pins (``on``) every thread of this process to its first CPU and every thread of the peer
+        processes to its last, or gives them all back every CPU this process started with.
+        Idempotent; with one CPU, both ends share it.
+
+        Raises:
+            OSError: the affinity of a live thread cannot be set.
+        """
+        mine, theirs = ({min(self.cpus)}, {max(self.cpus)}) if on else (self.cpus, self.cpus)
+        self._place(mine, theirs)
+
+    def _place(self, mine, theirs):
+        """Sets the affinity of every thread of this process to ``mine``, of the peers' to ``theirs``."""
+        for pid, cpus in [(os.getpid(), mine)] + [(p.proc.pid, theirs) for p in self.peers.values()]:
             for tid in os.listdir(f"/proc/{pid}/task"):
                 try:
                     os.sched_setaffinity(int(tid), cpus)

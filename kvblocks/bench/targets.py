@@ -76,7 +76,8 @@ def _tcp(by, add):
             f"{r['bytes'] / r['paired_pull_median_s'] / 1e9:.2f} vs {r['GBps']:.2f} GB/s; "
             "pull and push interleaved")
     for suffix, goal, say in (("", 2, ""), ("/loaded", 3, " (both CPUs busy)"),
-                              ("/one-cpu", 2, " (both ends on one CPU)")):
+                              ("/one-cpu", 2, " (both ends on one CPU)"),
+                              ("/two-cpu", 2, " (each end on its own CPU)")):
         r = by.get(f"tcp/small/pull/random{suffix}")
         if r and r.get("ratio"):
             v = r["ratio"]
