@@ -112,3 +112,17 @@ def test_cli_placed_round_trip_target(tmp_path, suffix, say):
     assert rows[case]["baseline"] == f"tcp/raw-pingpong-8B/{suffix}"
     assert rows[case]["ratio"] > 0
     assert any(say in t["target"] for t in data["targets"])
+
+
+def test_cli_cma_is_timed_beside_shm(tmp_path):
+    """The cma vs shm target comes from rounds both cases shared, not from two separate medians."""
+    out = tmp_path / "r.json"
+    r = _run(tmp_path, "--case", "cma/large/pull/random", "--case", "shm/large/pull/random", "--quick",
+             "--json", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    rows = {x["id"]: x for x in data["results"]}
+    paired = rows["cma/large/pull/random"]["beside"]["shm/large/pull/random"]
+    assert paired["median_s"] > 0 and paired["ratio"] > 0
+    t = next(t for t in data["targets"] if t["target"] == "cma large pull vs shm")
+    assert "(interleaved)" in t["detail"]

@@ -16,7 +16,8 @@ import tempfile
 from . import baselines as bl
 from . import cases_async, cases_hixl, cases_layerwise, cases_limits
 from .common import (KiB, MiB, SCALE_BLOCK_BYTES, SCALE_BLOCKS, SCALE_BLOCKS_64B,
-                     SCALE_FIXED_BYTES, SCALE_LAYERS, SIZES, TRANSFER_PATHS, VALIDATION_NS, Case, human_bytes)
+                     SCALE_FIXED_BYTES, SCALE_LAYERS, SIZES, TRANSFER_PATHS, VALIDATION_NS, Case, human_bytes,
+                     transfer_key)
 from .common import np as _np
 from .markers import check_blocks, id_lists, mark_blocks
 
@@ -262,7 +263,7 @@ def _transfer_block(path):
             out.append(bl.raw_send_c_case(size))
         if path == "cma":
             out += [bl.raw_cma_case(size, direction, "random") for direction in ("pull", "push")]
-        out += [_transfer_case(path, size, d, p) for d in ("pull", "push") for p in ("random", "contig")]
+        out += [_beside(_transfer_case(path, size, d, p)) for d in ("pull", "push") for p in ("random", "contig")]
         if path == "tcp" and size == "small":  # the round trip with both CPUs busy
             ping = bl.loaded(bl.pingpong_case())
             out += [ping, bl.loaded(_transfer_case(path, size, "pull", "random"), baseline=ping.id)]
@@ -275,6 +276,15 @@ def _transfer_block(path):
             copy = bl.loaded(bl.memcpy_case(2 * L * B * bb, pgroup="samehost-large"))
             out += [copy, bl.loaded(_transfer_case(path, size, "pull", "random"), baseline=copy.id)]
     return out
+
+
+def _beside(c):
+    """``c`` with the cases its targets compare it with timed in the same rounds: a large random
+    shm transfer beside the memory bandwidth, its cma twin beside it (when selected)."""
+    _, size, d, pattern = transfer_key(c.id)
+    if size == "large" and pattern == "random":
+        c.beside = {"shm": ("base/memcpy-all/256MiB",), "cma": (f"shm/large/{d}/random",)}.get(c.path, ())
+    return c
 
 
 def _scaling_baselines(scaling, have):

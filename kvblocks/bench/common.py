@@ -90,6 +90,7 @@ class Case:
         self.series = series
         self.custom = None  # a function(h) -> samples in seconds (import times)
         self.after = None  # a function(h) run once the row is measured (stops a CPU load)
+        self.beside = ()  # ids of selected cases timed in the same rounds as this one (row["beside"])
 
     def __repr__(self):
         return self.id

@@ -114,7 +114,8 @@ class _Run:
         self.peer_rows = []
 
     def sides(self, c, fn):
-        """[(name, side)]: the case first, then its baseline, its pull counterpart, engines."""
+        """[(name, side)]: the case first, then its baseline, its pull counterpart and the cases it
+        is compared with (``c.beside``)."""
         b = self.by_id.get(c.baseline or "")
         if not (self.paired and b is not None and b.custom is None):
             b = None
@@ -127,6 +128,9 @@ class _Run:
         pull = _pull_of(c, self.by_id)
         if pull is not None:
             out.append(("pull", LocalSide(pull.make(self.h)[0], c.fast)))
+        for other in filter(None, map(self.by_id.get, c.beside)):
+            fn = self.made[other.id] if other.id in self.made else other.make(self.h)[0]
+            out.append((f"beside:{other.id}", LocalSide(fn, c.fast)))
         return out
 
     def case(self, c):
@@ -161,6 +165,10 @@ class _Run:
         if "pull" in by_name:  # pull and push from the same rounds: their ratio needs no baseline
             row["paired_pull_median_s"] = statistics.median(by_name["pull"])
             row["pull_vs_push"] = median_ratio(by_name["pull"], by_name["case"])
+        for name, samples in by_name.items():  # the same rounds: a ratio no slow window skews
+            if name.startswith("beside:"):
+                row.setdefault("beside", {})[name[len("beside:"):]] = {
+                    "median_s": statistics.median(samples), "ratio": median_ratio(by_name["case"], samples)}
         for (side, prow), samples in zip(engines, got[len(sides):]):
             self.finish_engine(side, prow, samples, row)
 
