@@ -114,15 +114,42 @@ def test_cli_placed_round_trip_target(tmp_path, suffix, say):
     assert any(say in t["target"] for t in data["targets"])
 
 
-def test_cli_cma_is_timed_beside_shm(tmp_path):
-    """The cma vs shm target comes from rounds both cases shared, not from two separate medians."""
+def test_cli_cma_is_timed_beside_shm_and_the_kernel_floor(tmp_path):
+    """The cma vs shm target comes from rounds both cases shared, not from two separate medians, and
+    so does the kernel's floor (process_vm_readv on every CPU) it is reported with."""
     out = tmp_path / "r.json"
-    r = _run(tmp_path, "--case", "cma/large/pull/random", "--case", "shm/large/pull/random", "--quick",
-             "--json", str(out), "--no-progress")
+    r = _run(tmp_path, "--case", "cma/large/pull/random", "--case", "shm/large/pull/random",
+             "--case", "base/raw-cma-all/large/pull/random", "--quick", "--json", str(out), "--no-progress")
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     rows = {x["id"]: x for x in data["results"]}
-    paired = rows["cma/large/pull/random"]["beside"]["shm/large/pull/random"]
-    assert paired["median_s"] > 0 and paired["ratio"] > 0
-    t = next(t for t in data["targets"] if t["target"] == "cma large pull vs shm")
-    assert "(interleaved)" in t["detail"]
+    for other in ("shm/large/pull/random", "base/raw-cma-all/large/pull/random"):
+        paired = rows["cma/large/pull/random"]["beside"][other]
+        assert paired["median_s"] > 0 and paired["ratio"] > 0
+    targets = {t["target"]: t for t in data["targets"]}
+    assert "(interleaved); the kernel's floor, all cores: " in targets["cma large pull vs shm"]["detail"]
+    assert "(interleaved)" in targets["cma large pull vs process_vm_readv on all cores"]["detail"]
+
+
+def test_raw_cma_floor_moves_the_blocks_from_one_pinned_thread_per_cpu():
+    """The kernel's-floor baseline copies every block (process_vm_readv from the peer's arrays) from
+    one thread per CPU, each pinned to its own CPU."""
+    from kvblocks import bench as kbb
+    from kvblocks.bench import baselines as bl
+    from kvblocks.bench.markers import check_blocks
+
+    h = kbb.Harness()
+    try:
+        p = h.pair("cma", 2, 8, 4096)
+        ids = list(range(8))
+        p.peer.call("mark", p.rkey, ids, 77)
+        before = set(os.listdir("/proc/self/task"))
+        cpus = sorted(os.sched_getaffinity(0))
+        fn = bl.raw_cma_fn(p, "pull", "contig", 8, threads=len(cpus))
+        fn()  # its threads stay (with fn) for the next call
+        new = set(os.listdir("/proc/self/task")) - before
+        masks = [os.sched_getaffinity(int(t)) for t in new]
+        assert all(len(m) == 1 for m in masks) and sorted(min(m) for m in masks) == cpus, masks
+        assert check_blocks(p.arrays, ids, ids, 77) == 0  # every block landed
+    finally:
+        h.close()

@@ -4,8 +4,10 @@ syscalls, a raw loopback socket (sink and 8-byte ping-pong) and a pure-Python bl
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from .common import MiB, SIZES, Case, human_bytes
 from .common import np as _np
@@ -128,37 +130,56 @@ def _cma_iovecs(p, raddrs, direction, pattern, B):
     return prepared
 
 
-def raw_cma_fn(p, direction, pattern, B):
+def raw_cma_fn(p, direction, pattern, B, threads=1):
     """A call of process_vm_readv/writev over the blocks of pair ``p`` (B per tensor, one iovec each,
-    1024 per syscall, iovecs built before timing). Raises nothing; the function raises OSError when
-    a syscall moves fewer bytes."""
+    1024 per syscall, iovecs built before timing), from this thread, or split over ``threads``
+    threads each pinned to its own CPU (kept between calls; ctypes releases the GIL around each
+    syscall; unpinned, the VM's scheduler often wakes a helper on its caller's CPU). Raises
+    nothing; the function raises OSError when a syscall moves fewer bytes."""
     pid, raddrs = p.peer.call("addrs", p.rkey)
     f, errno = _cma_call(direction)
     it = itertools.cycle(_cma_iovecs(p, raddrs, direction, pattern, B))
     n, bb = p.nt * B, p.bb
+    cuts = [n * i // threads for i in range(threads + 1)]
+
+    def part(lp, rp, lo, hi):
+        for k in range(lo, hi, 1024):
+            m = min(1024, hi - k)
+            if f(pid, lp + k * 16, m, rp + k * 16, m, 0) != m * bb:
+                raise OSError(errno(), "process_vm_readv/writev failed")
+
+    if threads == 1:
+        def fn():
+            liov, riov = next(it)
+            part(liov.ctypes.data, riov.ctypes.data, 0, n)
+        return fn
+    cpus = sorted(os.sched_getaffinity(0))
+    pool = [ThreadPoolExecutor(1, initializer=os.sched_setaffinity, initargs=(0, {cpus[t % len(cpus)]}))
+            for t in range(threads)]
 
     def fn():
         liov, riov = next(it)
         lp, rp = liov.ctypes.data, riov.ctypes.data
-        for k in range(0, n, 1024):
-            m = min(1024, n - k)
-            if f(pid, lp + k * 16, m, rp + k * 16, m, 0) != m * bb:
-                raise OSError(errno(), "process_vm_readv/writev failed")
+        for r in [pool[t].submit(part, lp, rp, cuts[t], cuts[t + 1]) for t in range(threads)]:
+            r.result()
     return fn
 
 
-def raw_cma_case(size, direction, pattern):
+def raw_cma_case(size, direction, pattern, threads=1):
     """process_vm_readv/writev through ctypes on the same blocks of the peer's registered arrays:
-    one iovec per block, 1024 per syscall, iovecs built before timing (the kernel's CMA cost).
-    Raises nothing; the case's ``fn`` raises OSError when a syscall moves fewer bytes."""
+    one iovec per block, 1024 per syscall, iovecs built before timing (the kernel's CMA cost), from
+    one thread or split over ``threads`` (``base/raw-cma-all/...``: the kernel's floor on all
+    cores). Raises nothing; the case's ``fn`` raises OSError when a syscall moves fewer bytes."""
     L, nb, bb, B = SIZES[size]
 
     def make(h):
-        return raw_cma_fn(h.pair("cma", 2 * L, nb, bb), direction, pattern, B), None
+        return raw_cma_fn(h.pair("cma", 2 * L, nb, bb), direction, pattern, B, threads), None
 
-    return Case(f"base/raw-cma/{size}/{direction}/{pattern}", "cma", make, baseline=f"base/gather/{size}/{pattern}",
+    kind, how = ("raw-cma", "") if threads == 1 else \
+        ("raw-cma-all", f", split over {threads} threads, one pinned to each CPU")
+    return Case(f"base/{kind}/{size}/{direction}/{pattern}", "cma", make, baseline=f"base/gather/{size}/{pattern}",
                 bytes=2 * L * B * bb, blocks=2 * L * B, reps=size, path="raw",
-                note="ctypes process_vm_readv/writev, 1 iovec per block, iovecs prebuilt",
+                note=f"ctypes process_vm_readv/writev, 1 iovec per block, iovecs prebuilt{how}",
                 pgroup=f"samehost-{size}")
 
 

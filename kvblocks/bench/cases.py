@@ -263,6 +263,9 @@ def _transfer_block(path):
             out.append(bl.raw_send_c_case(size))
         if path == "cma":
             out += [bl.raw_cma_case(size, direction, "random") for direction in ("pull", "push")]
+            if size == "large":  # the kernel's CMA floor on every core, timed beside the cma case
+                n = cases_limits.usable_cpus()
+                out += [bl.raw_cma_case(size, d, "random", threads=n) for d in ("pull", "push")]
         out += [_beside(_transfer_case(path, size, d, p)) for d in ("pull", "push") for p in ("random", "contig")]
         if path == "tcp" and size == "small":  # the round trip with both CPUs busy
             ping = bl.loaded(bl.pingpong_case())
@@ -280,10 +283,12 @@ def _transfer_block(path):
 
 def _beside(c):
     """``c`` with the cases its targets compare it with timed in the same rounds: a large random
-    shm transfer beside the memory bandwidth, its cma twin beside it (when selected)."""
+    shm transfer beside the memory bandwidth, its cma twin beside it and beside the kernel's CMA
+    floor on all cores (when selected)."""
     _, size, d, pattern = transfer_key(c.id)
     if size == "large" and pattern == "random":
-        c.beside = {"shm": ("base/memcpy-all/256MiB",), "cma": (f"shm/large/{d}/random",)}.get(c.path, ())
+        c.beside = {"shm": ("base/memcpy-all/256MiB",),
+                    "cma": (f"shm/large/{d}/random", f"base/raw-cma-all/large/{d}/random")}.get(c.path, ())
     return c
 
 

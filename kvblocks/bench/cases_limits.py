@@ -28,7 +28,8 @@ MODELS = {
 TOKENS_PER_BLOCK, BLOCKS_PER_CALL = 16, 32
 
 
-def _cpus():
+def usable_cpus():
+    """The number of CPUs this process may run on. Raises nothing."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -42,7 +43,7 @@ def memcpy_all_case(nbytes, pgroup):
         from concurrent.futures import ThreadPoolExecutor
 
         np = _np()
-        n = _cpus()
+        n = usable_cpus()
         src = np.full(nbytes, 7, dtype=np.uint8)
         dst = np.zeros(nbytes, dtype=np.uint8)
         cuts = [nbytes * k // n for k in range(n + 1)]
@@ -59,7 +60,12 @@ def memcpy_all_case(nbytes, pgroup):
 
     return Case(f"base/memcpy-all/{human_bytes(nbytes)}", "limits", make, bytes=nbytes,
                 reps="large" if nbytes >= 16 * MiB else "small", pgroup=pgroup,
-                note=f"np.copyto split over all {_cpus()} cores: the memory bandwidth")
+                note=f"np.copyto split over all {usable_cpus()} cores: the memory bandwidth")
+
+
+# From here a process_vm_readv loop split over Python threads is the kernel's floor on all cores:
+# below, handing a share to a thread (tens of us on this VM) is a large part of the call.
+FLOOR_BYTES = 16 * MiB
 
 
 def _reps(nbytes):
@@ -68,16 +74,17 @@ def _reps(nbytes):
     return "large" if nbytes >= 16 * MiB else "mid"
 
 
-def raw_cma_shape_case(id, nt, nb, bb, B, direction, pgroup):
+def raw_cma_shape_case(id, nt, nb, bb, B, direction, pgroup, threads=1):
     """A ctypes process_vm_readv/writev loop over the blocks of a (nt, nb, bb) pair, B per tensor,
-    one iovec per block, 1024 per call, iovecs built before timing. Raises nothing; ``fn`` raises
-    OSError when a call moves fewer bytes."""
+    one iovec per block, 1024 per call, iovecs built before timing, from one thread or split over
+    ``threads``. Raises nothing; ``fn`` raises OSError when a call moves fewer bytes."""
     def make(h):
-        return bl.raw_cma_fn(h.pair("cma", nt, nb, bb), direction, "random", B), None
+        return bl.raw_cma_fn(h.pair("cma", nt, nb, bb), direction, "random", B, threads), None
 
+    how = "" if threads == 1 else f", split over {threads} threads, one pinned to each CPU"
     return Case(id, "limits", make, bytes=nt * B * bb, blocks=nt * B, reps=_reps(nt * B * bb), path="raw",
                 pgroup=pgroup,
-                note="ctypes process_vm_readv/writev, 1 iovec per block (the kernel's CMA cost)")
+                note=f"ctypes process_vm_readv/writev, 1 iovec per block (the kernel's CMA cost){how}")
 
 
 def _shape_case(id, group, path, nt, nb, bb, B, direction, baseline, pgroup, note, series=None, per_layer=2):
@@ -99,12 +106,15 @@ def _mid_cases():
         B = nbytes // (2 * MID_BB)
         tag, g = human_bytes(nbytes), f"limits-{human_bytes(nbytes)}"
         for d in ("pull", "push"):
-            raw = f"base/raw-cma/{tag}/{d}"
+            raw, floor = f"base/raw-cma/{tag}/{d}", f"base/raw-cma-all/{tag}/{d}"
             out.append(raw_cma_shape_case(raw, 2, 2 * B, MID_BB, B, d, g))
+            if nbytes >= FLOOR_BYTES:
+                out.append(raw_cma_shape_case(floor, 2, 2 * B, MID_BB, B, d, g, threads=usable_cpus()))
             for path in ("shm", "cma"):
                 out.append(_shape_case(f"limits/{path}/{tag}/{d}", "limits", path, 2, 2 * B, MID_BB, B, d,
                                        raw if path == "cma" else None, g,
                                        f"2 tensors, {B} random 16 KiB blocks each", series=f"kvblocks {path} {d}"))
+            out[-1].beside = (floor,) if nbytes >= FLOOR_BYTES else ()  # in the cma case's rounds
     return out
 
 

@@ -24,7 +24,8 @@ def _samehost(by, pe, add):
                 v = 1 / r["ratio"]
                 gb = r["bytes"] / _base_med(r, by) / 1e9
                 add(f"{path} large {d} random vs numpy gather", f"{v:.2f}x bw", ">= 0.9x", v >= 0.9,
-                    f"{r['GBps']:.2f} vs {gb:.2f} GB/s (interleaved)")
+                    f"{r['GBps']:.2f} vs {gb:.2f} GB/s (interleaved)"
+                    + _floor_vs(r, f"base/raw-cma-all/large/{d}/random", r["baseline"]))
 
 
 SHM_LOADED_BEFORE = 0.69  # shm large pull / one-core memcpy, both CPUs busy: the best before the copy pool
@@ -37,6 +38,21 @@ def _bw_vs(r, other):
     if paired and paired.get("ratio"):
         return 1 / paired["ratio"], other["bytes"] / paired["median_s"] / 1e9, "interleaved"
     return other["median_s"] / r["median_s"], other["GBps"], "same run"
+
+
+def _paired_median(r, other_id):
+    """The median of ``other_id`` from the rounds it shared with row ``r`` (beside it, or its
+    interleaved baseline), else None."""
+    if other_id in r.get("beside", {}):
+        return r["beside"][other_id]["median_s"]
+    return r.get("paired_baseline_median_s") if other_id == r.get("baseline") else None
+
+
+def _floor_vs(r, floor_id, other_id):
+    """"; the kernel's floor ...: X x", the bandwidth of ``floor_id`` over ``other_id``'s from the
+    rounds both shared with row ``r``, else ""."""
+    f, o = _paired_median(r, floor_id), _paired_median(r, other_id)
+    return f"; the kernel's floor, all cores: {o / f:.2f}x" if f and o else ""
 
 
 def _limits(by, add):
@@ -53,16 +69,22 @@ def _limits(by, add):
             v, gb, how = _bw_vs(shm, all_core)
             add(f"shm large {d} vs memcpy on all cores", f"{v:.2f}x bw", ">= 0.9x", v >= 0.9,
                 f"{shm['GBps']:.2f} vs {gb:.2f} GB/s ({how})")
+        floor = by.get(f"base/raw-cma-all/large/{d}/random")
         if shm and cma:
             v, gb, how = _bw_vs(cma, shm)
             add(f"cma large {d} vs shm", f"{v:.2f}x bw", ">= 0.8x", v >= 0.8,
-                f"{cma['GBps']:.2f} vs {gb:.2f} GB/s ({how})")
+                f"{cma['GBps']:.2f} vs {gb:.2f} GB/s ({how})"
+                + _floor_vs(cma, f"base/raw-cma-all/large/{d}/random", shm["id"]))
+        if cma and floor:
+            v, gb, how = _bw_vs(cma, floor)
+            add(f"cma large {d} vs process_vm_{'readv' if d == 'pull' else 'writev'} on all cores", f"{v:.2f}x bw",
+                ">= 0.9x", v >= 0.9, f"{cma['GBps']:.2f} vs {gb:.2f} GB/s ({how}): the kernel's CMA floor")
         for tag in ("2MiB", "8MiB", "32MiB"):
             r = by.get(f"limits/cma/{tag}/{d}")
             if r and r.get("ratio"):
                 v = 1 / r["ratio"]
                 add(f"cma {tag} {d} vs process_vm_readv loop", f"{v:.2f}x", ">= 1.5x", v >= 1.5,
-                    f"{r['GBps']:.2f} GB/s (interleaved)")
+                    f"{r['GBps']:.2f} GB/s (interleaved)" + _floor_vs(r, f"base/raw-cma-all/{tag}/{d}", r["baseline"]))
 
 
 def _tcp(by, add):
