@@ -284,11 +284,12 @@ def _transfer_block(path):
 def _beside(c):
     """``c`` with the cases its targets compare it with timed in the same rounds: a large random
     shm transfer beside the memory bandwidth, its cma twin beside it and beside the kernel's CMA
-    floor on all cores (when selected)."""
+    floor on all cores, a tcp one beside a C stream of the same bytes (when selected)."""
     _, size, d, pattern = transfer_key(c.id)
     if size == "large" and pattern == "random":
         c.beside = {"shm": ("base/memcpy-all/256MiB",),
-                    "cma": (f"shm/large/{d}/random", f"base/raw-cma-all/large/{d}/random")}.get(c.path, ())
+                    "cma": (f"shm/large/{d}/random", f"base/raw-cma-all/large/{d}/random"),
+                    "tcp": ("tcp/raw-send-c/large",)}.get(c.path, ())
     return c
 
 
