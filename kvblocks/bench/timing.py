@@ -9,6 +9,7 @@ change on a shared machine hits all of them alike and their ratios can be taken 
 """
 from __future__ import annotations
 
+import random
 import statistics
 import time
 
@@ -66,7 +67,9 @@ def _plan(one, fast, alone):
 def measure_interleaved(sides, reps="small", scale=1.0):
     """Samples (seconds per call) of every side, taken in alternating turns until the first side
     has its minimum count and the time budget (``REPS[reps]`` per side, times ``scale``) is spent,
-    or it has its maximum count. Returns one list of samples per side.
+    or it has its maximum count. Each round takes the sides in a new order (shuffled, with a fixed
+    seed), so no side always follows the same one: a peer engine's threads may stay busy for a while
+    after its turn. Returns one list of samples per side.
 
     Raises:
         KeyError: unknown ``reps``.
@@ -78,9 +81,12 @@ def measure_interleaved(sides, reps="small", scale=1.0):
     out = [[] for _ in sides]
     lo = max(3, int(lo * min(1.0, scale)))
     end = _perf() + len(sides) * budget * scale
+    turns = list(zip(sides, plans, out))
+    order = random.Random(len(sides))
     while len(out[0]) < hi and (len(out[0]) < lo or _perf() < end):
-        for side, (batch, m), samples in zip(sides, plans, out):
+        for side, (batch, m), samples in turns:
             samples.extend(side.turn(batch, m))
+        order.shuffle(turns)
     return out
 
 
