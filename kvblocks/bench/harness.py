@@ -391,8 +391,8 @@ class Harness:
         Raises:
             OSError: the affinity of a live thread cannot be set.
         """
-        first = {min(self.cpus)}
-        self._place(first if on else self.cpus, first if on else self.cpus)
+        cpus = {min(self.cpus)} if on else self.cpus
+        self._place(cpus, cpus)
 
     def two_cpus(self, on):
         """Pins (``on``) every thread of this process to its first CPU and every thread of the peer

@@ -69,12 +69,12 @@ def _limits(by, add):
             v, gb, how = _bw_vs(shm, all_core)
             add(f"shm large {d} vs memcpy on all cores", f"{v:.2f}x bw", ">= 0.9x", v >= 0.9,
                 f"{shm['GBps']:.2f} vs {gb:.2f} GB/s ({how})")
-        floor = by.get(f"base/raw-cma-all/large/{d}/random")
+        floor_id = f"base/raw-cma-all/large/{d}/random"
+        floor = by.get(floor_id)
         if shm and cma:
             v, gb, how = _bw_vs(cma, shm)
             add(f"cma large {d} vs shm", f"{v:.2f}x bw", ">= 0.8x", v >= 0.8,
-                f"{cma['GBps']:.2f} vs {gb:.2f} GB/s ({how})"
-                + _floor_vs(cma, f"base/raw-cma-all/large/{d}/random", shm["id"]))
+                f"{cma['GBps']:.2f} vs {gb:.2f} GB/s ({how})" + _floor_vs(cma, floor_id, shm["id"]))
         if cma and floor:
             v, gb, how = _bw_vs(cma, floor)
             add(f"cma large {d} vs process_vm_{'readv' if d == 'pull' else 'writev'} on all cores", f"{v:.2f}x bw",
@@ -83,8 +83,9 @@ def _limits(by, add):
             r = by.get(f"limits/cma/{tag}/{d}")
             if r and r.get("ratio"):
                 v = 1 / r["ratio"]
+                floor_vs = _floor_vs(r, f"base/raw-cma-all/{tag}/{d}", r["baseline"])
                 add(f"cma {tag} {d} vs process_vm_readv loop", f"{v:.2f}x", ">= 1.5x", v >= 1.5,
-                    f"{r['GBps']:.2f} GB/s (interleaved)" + _floor_vs(r, f"base/raw-cma-all/{tag}/{d}", r["baseline"]))
+                    f"{r['GBps']:.2f} GB/s (interleaved){floor_vs}")
 
 
 def _tcp(by, add):
