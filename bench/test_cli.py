@@ -153,3 +153,69 @@ def test_raw_cma_floor_moves_the_blocks_from_one_pinned_thread_per_cpu():
         assert check_blocks(p.arrays, ids, ids, 77) == 0  # every block landed
     finally:
         h.close()
+
+
+def test_raw_cma_floor_repeats_each_share_in_a_row(monkeypatch):
+    """With ``repeat`` the floor's threads each copy their share of that many calls per sample: one
+    syscall per thread and call here, and the blocks land."""
+    from kvblocks import bench as kbb
+    from kvblocks.bench import baselines as bl
+    from kvblocks.bench.markers import check_blocks
+
+    made = bl._cma_call
+    calls = []
+
+    def counting(direction):
+        f, errno = made(direction)
+
+        def counted(*a):
+            calls.append(a[2])
+            return f(*a)
+        return counted, errno
+
+    monkeypatch.setattr(bl, "_cma_call", counting)
+    h = kbb.Harness()
+    try:
+        p = h.pair("cma", 2, 8, 4096)
+        ids = list(range(8))
+        p.peer.call("mark", p.rkey, ids, 78)
+        fn = bl.raw_cma_fn(p, "pull", "contig", 8, threads=2, repeat=3)
+        fn()
+        assert sorted(calls) == [8] * 6  # 2 threads x 3 calls, each thread's half of 16 blocks
+        assert check_blocks(p.arrays, ids, ids, 78) == 0
+    finally:
+        h.close()
+
+
+def test_cli_mid_cma_is_timed_beside_the_kernel_floor(tmp_path):
+    """The 2 MiB cma case is timed beside process_vm_readv on every CPU, 32 calls in a row per
+    sample, and its target reports that floor by bandwidth."""
+    out = tmp_path / "r.json"
+    r = _run(tmp_path, "--case", "limits/cma/2MiB/pull", "--case", "base/raw-cma-all/2MiB/pull", "--quick",
+             "--json", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    rows = {x["id"]: x for x in data["results"]}
+    assert rows["base/raw-cma-all/2MiB/pull"]["bytes"] == 32 * rows["limits/cma/2MiB/pull"]["bytes"]
+    assert rows["limits/cma/2MiB/pull"]["beside"]["base/raw-cma-all/2MiB/pull"]["median_s"] > 0
+    t = next(t for t in data["targets"] if t["target"] == "cma 2MiB pull vs process_vm_readv loop")
+    v = float(t["detail"].split("the kernel's floor, all cores: ")[1].rstrip("x"))
+    assert 0.5 < v < 4  # a bandwidth ratio, not one of medians over unequal bytes
+
+
+def test_cli_tcp_large_is_timed_beside_c_streams_both_ways(tmp_path):
+    """Each tcp large transfer is compared with the C stream that runs its own way (the peer's
+    send() for a pull), timed in the same rounds, and the pull/push target reports the streams' own
+    ratio from the push's rounds."""
+    out = tmp_path / "r.json"
+    r = _run(tmp_path, "--case", "tcp/large/*/random", "--case", "tcp/raw-*-c/large", "--quick",
+             "--json", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    rows = {x["id"]: x for x in data["results"]}
+    for d in ("pull", "push"):
+        assert set(rows[f"tcp/large/{d}/random"]["beside"]) == {"tcp/raw-recv-c/large", "tcp/raw-send-c/large"}
+    targets = {t["target"]: t for t in data["targets"]}
+    for d in ("pull", "push"):
+        assert "(interleaved)" in targets[f"tcp large {d} random vs raw C stream the same way, 1 MiB writes"]["detail"]
+    assert "; the raw C streams, same rounds: " in targets["tcp large pull vs push time"]["detail"]

@@ -34,12 +34,39 @@ def _recv_exact(conn, mv):
         got += k
 
 
+def _libc_io(name):
+    """libc ``send`` or ``recv`` through ctypes (no GIL held while it runs). Raises nothing."""
+    import ctypes
+
+    f = getattr(ctypes.CDLL(None, use_errno=True), name)
+    f.restype = ctypes.c_ssize_t
+    f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return f
+
+
+def c_stream(fd, base, nbytes, step, io):
+    """Moves ``nbytes`` at address ``base`` through socket ``fd`` with libc ``io`` (send or recv),
+    at most ``step`` bytes a call. Raises OSError when a call fails or the peer closes."""
+    import ctypes
+
+    off = 0
+    while off < nbytes:
+        n = io(fd, base + off, min(step, nbytes - off), 0)
+        if n <= 0:
+            raise OSError(ctypes.get_errno(), "send/recv failed or the peer closed")
+        off += n
+
+
 def _raw_conn(conn):
-    """'S' = sink (8-byte length, payload, 1-byte ack), 'P' = 8-byte echo."""
+    """'S' = sink (8-byte length, payload, 1-byte ack), 'R' = source (8-byte length; the payload
+    back, C send() of 1 MiB writes), 'P' = 8-byte echo."""
+    import ctypes
+
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     mode = conn.recv(1)
     hdr = bytearray(8)
     buf = bytearray(1)
+    send = _libc_io("send")
     try:
         while True:
             _recv_exact(conn, memoryview(hdr))
@@ -49,6 +76,9 @@ def _raw_conn(conn):
             n = int.from_bytes(hdr, "little")
             if len(buf) < n:
                 buf = bytearray(n)
+            if mode == b"R":
+                c_stream(conn.fileno(), ctypes.addressof((ctypes.c_char * n).from_buffer(buf)), n, MiB, send)
+                continue
             _recv_exact(conn, memoryview(buf)[:n])
             conn.sendall(b"k")
     except (EOFError, OSError):
@@ -130,12 +160,14 @@ def _cma_iovecs(p, raddrs, direction, pattern, B):
     return prepared
 
 
-def raw_cma_fn(p, direction, pattern, B, threads=1):
-    """A call of process_vm_readv/writev over the blocks of pair ``p`` (B per tensor, one iovec each,
-    1024 per syscall, iovecs built before timing), from this thread, or split over ``threads``
-    threads each pinned to its own CPU (kept between calls; ctypes releases the GIL around each
-    syscall; unpinned, the VM's scheduler often wakes a helper on its caller's CPU). Raises
-    nothing; the function raises OSError when a syscall moves fewer bytes."""
+def raw_cma_fn(p, direction, pattern, B, threads=1, repeat=1):
+    """A call of process_vm_readv/writev over the blocks of pair ``p`` (B per tensor, one iovec per
+    block, 1024 per syscall, iovecs built before timing), from this thread, or split over
+    ``threads`` threads each pinned to its own CPU (kept between calls; ctypes releases the GIL
+    around each syscall; unpinned, the VM's scheduler often wakes a helper on its caller's CPU).
+    With ``repeat`` > 1 each thread copies its share of that many calls in a row, so that the
+    hand-off to the threads (tens of us) is paid once per ``repeat`` calls. Raises nothing; the
+    function raises OSError when a syscall moves fewer bytes."""
     pid, raddrs = p.peer.call("addrs", p.rkey)
     f, errno = _cma_call(direction)
     it = itertools.cycle(_cma_iovecs(p, raddrs, direction, pattern, B))
@@ -157,10 +189,13 @@ def raw_cma_fn(p, direction, pattern, B, threads=1):
     pool = [ThreadPoolExecutor(1, initializer=os.sched_setaffinity, initargs=(0, {cpus[t % len(cpus)]}))
             for t in range(threads)]
 
+    def share(calls, t):
+        for liov, riov in calls:
+            part(liov.ctypes.data, riov.ctypes.data, cuts[t], cuts[t + 1])
+
     def fn():
-        liov, riov = next(it)
-        lp, rp = liov.ctypes.data, riov.ctypes.data
-        for r in [pool[t].submit(part, lp, rp, cuts[t], cuts[t + 1]) for t in range(threads)]:
+        calls = [next(it) for _ in range(repeat)]
+        for r in [pool[t].submit(share, calls, t) for t in range(threads)]:
             r.result()
     return fn
 
@@ -207,18 +242,14 @@ def raw_send_case(size):
 
 def raw_send_c_case(size):
     """libc ``send()`` (through ctypes: one Python step per 1 MiB write, the writes themselves in C)
-    of the bytes of one ``size`` call to the same sink as :func:`raw_send_case`. Raises nothing;
-    the case's ``fn`` raises RuntimeError on a bad ack, OSError on socket errors."""
+    of the bytes of one ``size`` call to the same sink as :func:`raw_send_case`: the push
+    direction. Raises nothing; the case's ``fn`` raises RuntimeError on a bad ack, OSError on socket
+    errors."""
     L, nb, bb, B = SIZES[size]
     nbytes = 2 * L * B * bb
 
     def make(h):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        send = libc.send
-        send.restype = ctypes.c_ssize_t
-        send.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        send = _libc_io("send")
         s = _raw_socket(h, b"S")
         fd = s.fileno()
         payload = _np().zeros(nbytes, dtype=_np().uint8)
@@ -228,12 +259,7 @@ def raw_send_c_case(size):
         def fn():
             assert payload.size == nbytes  # keeps the buffer alive with fn
             s.sendall(hdr)
-            off = 0
-            while off < nbytes:
-                n = send(fd, base + off, min(MiB, nbytes - off), 0)
-                if n <= 0:
-                    raise OSError(ctypes.get_errno(), "send failed")
-                off += n
+            c_stream(fd, base, nbytes, MiB, send)
             if s.recv(1) != b"k":
                 raise RuntimeError("raw sink: bad ack")
         return fn, None
@@ -241,6 +267,32 @@ def raw_send_c_case(size):
     return Case(f"tcp/raw-send-c/{size}", "tcp", make, bytes=nbytes, reps=size, path="raw",
                 note="C send() of the same bytes in 1 MiB writes (libc via ctypes) + 1-byte ack",
                 pgroup=f"tcp-{size}")
+
+
+def raw_recv_c_case(size):
+    """The pull direction of :func:`raw_send_c_case`: an 8-byte request, then the peer's C
+    ``send()`` of the same bytes in 1 MiB writes, read here with libc ``recv()`` of at most 4 MiB
+    (as the sink reads). Raises nothing; the case's ``fn`` raises OSError on socket errors."""
+    L, nb, bb, B = SIZES[size]
+    nbytes = 2 * L * B * bb
+
+    def make(h):
+        recv = _libc_io("recv")
+        s = _raw_socket(h, b"R")
+        fd = s.fileno()
+        payload = _np().zeros(nbytes, dtype=_np().uint8)
+        base = payload.ctypes.data
+        hdr = nbytes.to_bytes(8, "little")
+
+        def fn():
+            assert payload.size == nbytes  # keeps the buffer alive with fn
+            s.sendall(hdr)
+            c_stream(fd, base, nbytes, 4 * MiB, recv)
+        return fn, None
+
+    return Case(f"tcp/raw-recv-c/{size}", "tcp", make, bytes=nbytes, reps=size, path="raw",
+                note="the peer's C send() of the same bytes in 1 MiB writes, read with C recv(): the pull "
+                     "direction", pgroup=f"tcp-{size}")
 
 
 def _variant(case, suffix, note, setting, baseline):

@@ -260,7 +260,7 @@ def _transfer_block(path):
         if path == "tcp":
             out.append(bl.raw_send_case(size))
         if path == "tcp" and size == "large":
-            out.append(bl.raw_send_c_case(size))
+            out += [bl.raw_send_c_case(size), bl.raw_recv_c_case(size)]
         if path == "cma":
             out += [bl.raw_cma_case(size, direction, "random") for direction in ("pull", "push")]
             if size == "large":  # the kernel's CMA floor on every core, timed beside the cma case
@@ -284,12 +284,12 @@ def _transfer_block(path):
 def _beside(c):
     """``c`` with the cases its targets compare it with timed in the same rounds: a large random
     shm transfer beside the memory bandwidth, its cma twin beside it and beside the kernel's CMA
-    floor on all cores, a tcp one beside a C stream of the same bytes (when selected)."""
+    floor on all cores, a tcp one beside C streams of the same bytes both ways (when selected)."""
     _, size, d, pattern = transfer_key(c.id)
     if size == "large" and pattern == "random":
         c.beside = {"shm": ("base/memcpy-all/256MiB",),
                     "cma": (f"shm/large/{d}/random", f"base/raw-cma-all/large/{d}/random"),
-                    "tcp": ("tcp/raw-send-c/large",)}.get(c.path, ())
+                    "tcp": ("tcp/raw-recv-c/large", "tcp/raw-send-c/large")}.get(c.path, ())
     return c
 
 

@@ -63,9 +63,10 @@ def memcpy_all_case(nbytes, pgroup):
                 note=f"np.copyto split over all {usable_cpus()} cores: the memory bandwidth")
 
 
-# From here a process_vm_readv loop split over Python threads is the kernel's floor on all cores:
-# below, handing a share to a thread (tens of us on this VM) is a large part of the call.
-FLOOR_BYTES = 16 * MiB
+# The kernel's floor on all cores at 2-32 MiB: the loop split over one thread per CPU, each copying
+# its share of calls of this many bytes in a row (a hand-off to a Python thread costs tens of us on
+# this VM, a large part of a 2 MiB call).
+FLOOR_STREAM_BYTES = 64 * MiB
 
 
 def _reps(nbytes):
@@ -74,15 +75,18 @@ def _reps(nbytes):
     return "large" if nbytes >= 16 * MiB else "mid"
 
 
-def raw_cma_shape_case(id, nt, nb, bb, B, direction, pgroup, threads=1):
+def raw_cma_shape_case(id, nt, nb, bb, B, direction, pgroup, threads=1, repeat=1):
     """A ctypes process_vm_readv/writev loop over the blocks of a (nt, nb, bb) pair, B per tensor,
     one iovec per block, 1024 per call, iovecs built before timing, from one thread or split over
-    ``threads``. Raises nothing; ``fn`` raises OSError when a call moves fewer bytes."""
+    ``threads``, ``repeat`` calls per sample (see :func:`bl.raw_cma_fn`). Raises nothing; ``fn``
+    raises OSError when a call moves fewer bytes."""
     def make(h):
-        return bl.raw_cma_fn(h.pair("cma", nt, nb, bb), direction, "random", B, threads), None
+        return bl.raw_cma_fn(h.pair("cma", nt, nb, bb), direction, "random", B, threads, repeat), None
 
     how = "" if threads == 1 else f", split over {threads} threads, one pinned to each CPU"
-    return Case(id, "limits", make, bytes=nt * B * bb, blocks=nt * B, reps=_reps(nt * B * bb), path="raw",
+    how += f", {repeat} calls in a row per sample" if repeat > 1 else ""
+    nbytes = nt * B * bb * repeat
+    return Case(id, "limits", make, bytes=nbytes, blocks=nt * B * repeat, reps=_reps(nbytes), path="raw",
                 pgroup=pgroup,
                 note=f"ctypes process_vm_readv/writev, 1 iovec per block (the kernel's CMA cost){how}")
 
@@ -108,13 +112,13 @@ def _mid_cases():
         for d in ("pull", "push"):
             raw, floor = f"base/raw-cma/{tag}/{d}", f"base/raw-cma-all/{tag}/{d}"
             out.append(raw_cma_shape_case(raw, 2, 2 * B, MID_BB, B, d, g))
-            if nbytes >= FLOOR_BYTES:
-                out.append(raw_cma_shape_case(floor, 2, 2 * B, MID_BB, B, d, g, threads=usable_cpus()))
+            out.append(raw_cma_shape_case(floor, 2, 2 * B, MID_BB, B, d, g, threads=usable_cpus(),
+                                          repeat=max(1, FLOOR_STREAM_BYTES // nbytes)))
             for path in ("shm", "cma"):
                 out.append(_shape_case(f"limits/{path}/{tag}/{d}", "limits", path, 2, 2 * B, MID_BB, B, d,
                                        raw if path == "cma" else None, g,
                                        f"2 tensors, {B} random 16 KiB blocks each", series=f"kvblocks {path} {d}"))
-            out[-1].beside = (floor,) if nbytes >= FLOOR_BYTES else ()  # in the cma case's rounds
+            out[-1].beside = (floor,)  # in the cma case's rounds
     return out
 
 

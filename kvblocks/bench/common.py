@@ -17,7 +17,7 @@ SIZES = {
 # per-size repetition policy: (warmup calls, min reps, max reps, time budget s)
 REPS = {
     "small": (50, 200, 3000, 0.4),
-    "large": (2, 8, 40, 0.6),
+    "large": (2, 12, 40, 0.6),
     "mid": (5, 20, 400, 0.5),
 }
 VALIDATION_NS = (16, 1024, 65536, 1048576)
