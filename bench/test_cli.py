@@ -219,3 +219,20 @@ def test_cli_tcp_large_is_timed_beside_c_streams_both_ways(tmp_path):
     for d in ("pull", "push"):
         assert "(interleaved)" in targets[f"tcp large {d} random vs raw C stream the same way, 1 MiB writes"]["detail"]
     assert "; the raw C streams, same rounds: " in targets["tcp large pull vs push time"]["detail"]
+
+
+def test_unpinned_round_trip_target_names_the_placed_ping_pongs():
+    """The unpinned 16 x 4 KiB target reports the one-CPU and two-CPU ping-pongs of the same run
+    (the scheduler may place the two round trips differently); the placed targets do not."""
+    from kvblocks.bench.targets import targets
+
+    rows = [{"id": "tcp/raw-pingpong-8B", "median_s": 20e-6},
+            {"id": "tcp/small/pull/random", "median_s": 76e-6, "ratio": 3.8, "paired_baseline_median_s": 20e-6},
+            {"id": "tcp/raw-pingpong-8B/one-cpu", "median_s": 14.6e-6},
+            {"id": "tcp/raw-pingpong-8B/two-cpu", "median_s": 75.7e-6},
+            {"id": "tcp/small/pull/random/two-cpu", "median_s": 52e-6, "ratio": 0.7,
+             "paired_baseline_median_s": 73e-6}]
+    got = {t["target"]: t["detail"] for t in targets(rows, [])}
+    assert got["tcp small pull random vs ping-pong RTT"].endswith(
+        "; the ping-pong placed on one CPU: 14.6 us, on two: 75.7 us (same run)")
+    assert "placed" not in got["tcp small pull random vs ping-pong RTT (each end on its own CPU)"]

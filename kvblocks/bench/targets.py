@@ -121,7 +121,18 @@ def _tcp(by, add):
             v = r["ratio"]
             add(f"tcp small pull random vs ping-pong RTT{say}", f"{v:.2f}x",
                 f"<= {goal}x", v <= goal, f"{r['median_s'] * 1e6:.1f} us vs {_base_med(r, by) * 1e6:.1f} us "
-                "(interleaved)")
+                "(interleaved)" + ("" if suffix else _placed_pingpongs(by)))
+
+
+def _placed_pingpongs(by):
+    """"; the ping-pong placed ...": unpinned, the scheduler may put both ends of the ping-pong on one
+    CPU and the two ends of a pull on two, so the placed ping-pongs of the same run bound the round
+    trip each way. Raises nothing; "" when they were not measured."""
+    one, two = (by.get(f"tcp/raw-pingpong-8B/{p}") for p in ("one-cpu", "two-cpu"))
+    if not (one and two):
+        return ""
+    return (f"; the ping-pong placed on one CPU: {one['median_s'] * 1e6:.1f} us, on two: "
+            f"{two['median_s'] * 1e6:.1f} us (same run)")
 
 
 def _ucx(by, pe, add):
