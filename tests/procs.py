@@ -195,20 +195,38 @@ def release(peer, engine):
     peer.close()
 
 
+def _thread_states(pid):
+    """The state letter of every thread of ``pid`` still listed in /proc."""
+    states = []
+    for stat in glob.glob(f"/proc/{pid}/task/*/stat"):
+        try:
+            with open(stat) as f:
+                text = f.read()
+        except OSError:
+            continue  # a thread that ended
+        states.append(text[text.rindex(")") + 2])  # the field after "(comm)"
+    return states
+
+
 def wait_stopped(pid, timeout_s=10.0):
     """Returns once every thread of ``pid`` is stopped (state T in /proc/<pid>/task/*/stat):
     SIGSTOP is asynchronous, and a thread still running could finish the transfer."""
     deadline = time.monotonic() + timeout_s
     while True:
-        states = []
-        for stat in glob.glob(f"/proc/{pid}/task/*/stat"):
-            try:
-                with open(stat) as f:
-                    text = f.read()
-            except OSError:
-                continue  # a thread that ended
-            states.append(text[text.rindex(")") + 2])  # the field after "(comm)"
+        states = _thread_states(pid)
         if states and all(st in "Tt" for st in states):
             return
         assert time.monotonic() < deadline, f"peer {pid} not stopped after {timeout_s} s: states {states}"
+        time.sleep(0.001)
+
+
+def wait_dead(pid, timeout_s=10.0):
+    """Returns once no thread of ``pid`` can run (each gone, or a zombie): SIGKILL is asynchronous
+    too, and lands only when the process next runs in the kernel."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = _thread_states(pid)
+        if all(st in "ZX" for st in states):
+            return
+        assert time.monotonic() < deadline, f"peer {pid} not dead after {timeout_s} s: states {states}"
         time.sleep(0.001)
