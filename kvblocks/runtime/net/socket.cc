@@ -180,6 +180,11 @@ IoResult RecvHeader(int fd, FrameHeader *h, int64_t deadline) {
   return DecodeHeader(head, h) ? IoResult::kOk : IoResult::kError;
 }
 
+IoResult RecvReplyHeader(int fd, FrameHeader *h, int64_t deadline) {
+  const IoResult w = WaitFd(fd, POLLIN, deadline);
+  return w == IoResult::kOk ? RecvHeader(fd, h, deadline) : w;
+}
+
 IoResult RecvPayload(int fd, const FrameHeader &h, std::string *out, int64_t deadline, uint64_t max) {
   if (h.length > max) return IoResult::kError;
   out->resize(h.length);

@@ -105,7 +105,7 @@ class TcpPath : public Path {
 
 // Expects a reply frame of `type`; a non-zero status ends the exchange with it.
 Status Expect(int fd, uint16_t type, int64_t deadline, FrameHeader *h, bool *reusable) {
-  const IoResult r = RecvHeader(fd, h, deadline);
+  const IoResult r = RecvReplyHeader(fd, h, deadline);
   if (r != IoResult::kOk) return Fail(StatusOf(r), "the peer did not answer in time or closed the channel");
   if (h->type != type) return Fail(LLM_LINK_FAILED, "unexpected frame type %u from the peer", h->type);
   if (h->status != LLM_SUCCESS) {
