@@ -18,6 +18,15 @@ def _run(tmp_path, *args):
                           env=env, cwd=tmp_path, timeout=300)
 
 
+def _run_json(tmp_path, *args):
+    """Runs the bench with ``args`` --quick and returns its JSON rows by id and targets by name."""
+    out = tmp_path / "r.json"
+    r = _run(tmp_path, *args, "--quick", "--json", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    return {x["id"]: x for x in data["results"]}, {t["target"]: t for t in data["targets"]}
+
+
 def test_cli_json_and_targets(tmp_path):
     out = tmp_path / "r.json"
     r = _run(tmp_path, "--case", "dispatch/pull-16x16B", "--case", "shm/small/pull/random", "--quick",
@@ -190,16 +199,11 @@ def test_raw_cma_floor_repeats_each_share_in_a_row(monkeypatch):
 def test_cli_mid_cma_is_timed_beside_the_kernel_floor(tmp_path):
     """The 2 MiB cma case is timed beside process_vm_readv on every CPU, 32 calls in a row per
     sample, and its target reports that floor by bandwidth."""
-    out = tmp_path / "r.json"
-    r = _run(tmp_path, "--case", "limits/cma/2MiB/pull", "--case", "base/raw-cma-all/2MiB/pull", "--quick",
-             "--json", str(out), "--no-progress")
-    assert r.returncode == 0, r.stderr
-    data = json.loads(out.read_text())
-    rows = {x["id"]: x for x in data["results"]}
+    rows, targets = _run_json(tmp_path, "--case", "limits/cma/2MiB/pull", "--case", "base/raw-cma-all/2MiB/pull")
     assert rows["base/raw-cma-all/2MiB/pull"]["bytes"] == 32 * rows["limits/cma/2MiB/pull"]["bytes"]
     assert rows["limits/cma/2MiB/pull"]["beside"]["base/raw-cma-all/2MiB/pull"]["median_s"] > 0
-    t = next(t for t in data["targets"] if t["target"] == "cma 2MiB pull vs process_vm_readv loop")
-    v = float(t["detail"].split("the kernel's floor, all cores: ")[1].rstrip("x"))
+    detail = targets["cma 2MiB pull vs process_vm_readv loop"]["detail"]
+    v = float(detail.split("the kernel's floor, all cores: ")[1].rstrip("x"))
     assert 0.5 < v < 4  # a bandwidth ratio, not one of medians over unequal bytes
 
 
@@ -207,16 +211,9 @@ def test_cli_tcp_large_is_timed_beside_c_streams_both_ways(tmp_path):
     """Each tcp large transfer is compared with the C stream that runs its own way (the peer's
     send() for a pull), timed in the same rounds, and the pull/push target reports the streams' own
     ratio from the push's rounds."""
-    out = tmp_path / "r.json"
-    r = _run(tmp_path, "--case", "tcp/large/*/random", "--case", "tcp/raw-*-c/large", "--quick",
-             "--json", str(out), "--no-progress")
-    assert r.returncode == 0, r.stderr
-    data = json.loads(out.read_text())
-    rows = {x["id"]: x for x in data["results"]}
+    rows, targets = _run_json(tmp_path, "--case", "tcp/large/*/random", "--case", "tcp/raw-*-c/large")
     for d in ("pull", "push"):
         assert set(rows[f"tcp/large/{d}/random"]["beside"]) == {"tcp/raw-recv-c/large", "tcp/raw-send-c/large"}
-    targets = {t["target"]: t for t in data["targets"]}
-    for d in ("pull", "push"):
         assert "(interleaved)" in targets[f"tcp large {d} random vs raw C stream the same way, 1 MiB writes"]["detail"]
     assert "; the raw C streams, same rounds: " in targets["tcp large pull vs push time"]["detail"]
 

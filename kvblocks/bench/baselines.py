@@ -240,17 +240,28 @@ def raw_send_case(size):
                 note="Python sendall of the same bytes to the peer process + 1-byte ack", pgroup=f"tcp-{size}")
 
 
-def raw_send_c_case(size):
-    """libc ``send()`` (through ctypes: one Python step per 1 MiB write, the writes themselves in C)
-    of the bytes of one ``size`` call to the same sink as :func:`raw_send_case`: the push
-    direction. Raises nothing; the case's ``fn`` raises RuntimeError on a bad ack, OSError on socket
-    errors."""
+# way: (raw server mode, libc call, bytes per call, id, note)
+C_STREAMS = {
+    "push": (b"S", "send", MiB, "raw-send-c",
+             "C send() of the same bytes in 1 MiB writes (libc via ctypes) + 1-byte ack"),
+    "pull": (b"R", "recv", 4 * MiB, "raw-recv-c", "the peer's C send() of the same bytes in 1 MiB writes, read with "
+             "C recv() of at most 4 MiB: the pull direction"),
+}
+
+
+def raw_c_stream_case(size, way):
+    """The bytes of one ``size`` call streamed through libc via ctypes (one Python step per call, the
+    copies in C), ``way`` "push": sent here in 1 MiB writes to the sink of :func:`raw_send_case`,
+    which acks; "pull": an 8-byte request, then the peer's 1 MiB writes read here with ``recv()``
+    of at most 4 MiB (as the sink reads). Raises KeyError for another ``way``; the case's ``fn``
+    raises RuntimeError on a bad ack, OSError on socket errors."""
+    mode, call, step, name, note = C_STREAMS[way]
     L, nb, bb, B = SIZES[size]
     nbytes = 2 * L * B * bb
 
     def make(h):
-        send = _libc_io("send")
-        s = _raw_socket(h, b"S")
+        io = _libc_io(call)
+        s = _raw_socket(h, mode)
         fd = s.fileno()
         payload = _np().zeros(nbytes, dtype=_np().uint8)
         base = payload.ctypes.data
@@ -259,40 +270,13 @@ def raw_send_c_case(size):
         def fn():
             assert payload.size == nbytes  # keeps the buffer alive with fn
             s.sendall(hdr)
-            c_stream(fd, base, nbytes, MiB, send)
-            if s.recv(1) != b"k":
+            c_stream(fd, base, nbytes, step, io)
+            if way == "push" and s.recv(1) != b"k":
                 raise RuntimeError("raw sink: bad ack")
         return fn, None
 
-    return Case(f"tcp/raw-send-c/{size}", "tcp", make, bytes=nbytes, reps=size, path="raw",
-                note="C send() of the same bytes in 1 MiB writes (libc via ctypes) + 1-byte ack",
+    return Case(f"tcp/{name}/{size}", "tcp", make, bytes=nbytes, reps=size, path="raw", note=note,
                 pgroup=f"tcp-{size}")
-
-
-def raw_recv_c_case(size):
-    """The pull direction of :func:`raw_send_c_case`: an 8-byte request, then the peer's C
-    ``send()`` of the same bytes in 1 MiB writes, read here with libc ``recv()`` of at most 4 MiB
-    (as the sink reads). Raises nothing; the case's ``fn`` raises OSError on socket errors."""
-    L, nb, bb, B = SIZES[size]
-    nbytes = 2 * L * B * bb
-
-    def make(h):
-        recv = _libc_io("recv")
-        s = _raw_socket(h, b"R")
-        fd = s.fileno()
-        payload = _np().zeros(nbytes, dtype=_np().uint8)
-        base = payload.ctypes.data
-        hdr = nbytes.to_bytes(8, "little")
-
-        def fn():
-            assert payload.size == nbytes  # keeps the buffer alive with fn
-            s.sendall(hdr)
-            c_stream(fd, base, nbytes, 4 * MiB, recv)
-        return fn, None
-
-    return Case(f"tcp/raw-recv-c/{size}", "tcp", make, bytes=nbytes, reps=size, path="raw",
-                note="the peer's C send() of the same bytes in 1 MiB writes, read with C recv(): the pull "
-                     "direction", pgroup=f"tcp-{size}")
 
 
 def _variant(case, suffix, note, setting, baseline):

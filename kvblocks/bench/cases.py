@@ -260,7 +260,7 @@ def _transfer_block(path):
         if path == "tcp":
             out.append(bl.raw_send_case(size))
         if path == "tcp" and size == "large":
-            out += [bl.raw_send_c_case(size), bl.raw_recv_c_case(size)]
+            out += [bl.raw_c_stream_case(size, way) for way in ("push", "pull")]
         if path == "cma":
             out += [bl.raw_cma_case(size, direction, "random") for direction in ("pull", "push")]
             if size == "large":  # the kernel's CMA floor on every core, timed beside the cma case
