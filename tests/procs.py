@@ -208,25 +208,24 @@ def _thread_states(pid):
     return states
 
 
-def wait_stopped(pid, timeout_s=10.0):
-    """Returns once every thread of ``pid`` is stopped (state T in /proc/<pid>/task/*/stat):
-    SIGSTOP is asynchronous, and a thread still running could finish the transfer."""
+def _wait_threads(pid, done, what, timeout_s):
+    """Polls the thread states of ``pid`` until ``done(states)``; fails the test after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
         states = _thread_states(pid)
-        if states and all(st in "Tt" for st in states):
+        if done(states):
             return
-        assert time.monotonic() < deadline, f"peer {pid} not stopped after {timeout_s} s: states {states}"
+        assert time.monotonic() < deadline, f"peer {pid} not {what} after {timeout_s} s: states {states}"
         time.sleep(0.001)
+
+
+def wait_stopped(pid, timeout_s=10.0):
+    """Returns once every thread of ``pid`` is stopped (state T in /proc/<pid>/task/*/stat):
+    SIGSTOP is asynchronous, and a thread still running could finish the transfer."""
+    _wait_threads(pid, lambda states: states and all(st in "Tt" for st in states), "stopped", timeout_s)
 
 
 def wait_dead(pid, timeout_s=10.0):
     """Returns once no thread of ``pid`` can run (each gone, or a zombie): SIGKILL is asynchronous
     too, and lands only when the process next runs in the kernel."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        states = _thread_states(pid)
-        if all(st in "ZX" for st in states):
-            return
-        assert time.monotonic() < deadline, f"peer {pid} not dead after {timeout_s} s: states {states}"
-        time.sleep(0.001)
+    _wait_threads(pid, lambda states: all(st in "ZX" for st in states), "dead", timeout_s)

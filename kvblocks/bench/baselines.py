@@ -249,13 +249,19 @@ C_STREAMS = {
 }
 
 
+def c_stream_id(size, way):
+    """The case id of :func:`raw_c_stream_case` for ``size`` and ``way``. Raises KeyError for
+    another ``way``."""
+    return f"tcp/{C_STREAMS[way][3]}/{size}"
+
+
 def raw_c_stream_case(size, way):
     """The bytes of one ``size`` call streamed through libc via ctypes (one Python step per call, the
     copies in C), ``way`` "push": sent here in 1 MiB writes to the sink of :func:`raw_send_case`,
     which acks; "pull": an 8-byte request, then the peer's 1 MiB writes read here with ``recv()``
     of at most 4 MiB (as the sink reads). Raises KeyError for another ``way``; the case's ``fn``
     raises RuntimeError on a bad ack, OSError on socket errors."""
-    mode, call, step, name, note = C_STREAMS[way]
+    mode, call, step, _, note = C_STREAMS[way]
     L, nb, bb, B = SIZES[size]
     nbytes = 2 * L * B * bb
 
@@ -275,7 +281,7 @@ def raw_c_stream_case(size, way):
                 raise RuntimeError("raw sink: bad ack")
         return fn, None
 
-    return Case(f"tcp/{name}/{size}", "tcp", make, bytes=nbytes, reps=size, path="raw", note=note,
+    return Case(c_stream_id(size, way), "tcp", make, bytes=nbytes, reps=size, path="raw", note=note,
                 pgroup=f"tcp-{size}")
 
 

@@ -289,7 +289,7 @@ def _beside(c):
     if size == "large" and pattern == "random":
         c.beside = {"shm": ("base/memcpy-all/256MiB",),
                     "cma": (f"shm/large/{d}/random", f"base/raw-cma-all/large/{d}/random"),
-                    "tcp": ("tcp/raw-recv-c/large", "tcp/raw-send-c/large")}.get(c.path, ())
+                    "tcp": tuple(bl.c_stream_id(size, w) for w in ("pull", "push"))}.get(c.path, ())
     return c
 
 

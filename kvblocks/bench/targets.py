@@ -2,6 +2,8 @@
 """The project's performance targets, checked against one run's rows."""
 from __future__ import annotations
 
+from .baselines import c_stream_id
+
 NIXL_SMALL_REF_S = 45e-6  # peers.md, used only when NIXL did not run
 
 
@@ -90,12 +92,9 @@ def _limits(by, add):
                     f"{r['GBps']:.2f} GB/s (interleaved){floor_vs}")
 
 
-C_STREAM = {"pull": "tcp/raw-recv-c/large", "push": "tcp/raw-send-c/large"}  # the same direction
-
-
 def _tcp(by, add):
     for d in ("pull", "push"):
-        r, c = by.get(f"tcp/large/{d}/random"), by.get(C_STREAM[d])
+        r, c = by.get(f"tcp/large/{d}/random"), by.get(c_stream_id("large", d))
         if r and r.get("ratio"):
             v = 1 / r["ratio"]
             gb = r["bytes"] / _base_med(r, by) / 1e9
@@ -108,7 +107,7 @@ def _tcp(by, add):
     r = by.get("tcp/large/push/random")
     if r and r.get("pull_vs_push"):
         v = r["pull_vs_push"]  # pull and push measured in the same rounds
-        streams = [_paired_median(r, C_STREAM[d]) for d in ("pull", "push")]
+        streams = [_paired_median(r, c_stream_id("large", d)) for d in ("pull", "push")]
         floor = f"; the raw C streams, same rounds: {streams[0] / streams[1]:.2f}x" if all(streams) else ""
         add("tcp large pull vs push time", f"{v:.2f}x", "within 10%", abs(v - 1) <= 0.10,
             f"{r['bytes'] / r['paired_pull_median_s'] / 1e9:.2f} vs {r['GBps']:.2f} GB/s; "
