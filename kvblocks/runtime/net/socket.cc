@@ -120,9 +120,36 @@ IoResult Classify(int err) {
 }
 
 
+// SO_RCVLOWAT for one large receive: never above the bytes still to come (poll would then sleep
+// to the deadline), and back to 1 when the receive ends, for the small frames that follow.
+class RecvLowat {
+ public:
+  RecvLowat(int fd, const iovec *iov, size_t iovcnt) : fd_(fd) {
+    for (size_t i = 0; i < iovcnt; ++i) left_ += iov[i].iov_len;
+    if (left_ >= kLowatMinBytes) Set(kRecvLowatBytes);
+  }
+  ~RecvLowat() {
+    if (cur_ > 1) Set(1);
+  }
+  void Moved(size_t n) { left_ -= std::min<uint64_t>(n, left_); }
+  // Before a wait: the mark must not exceed what the peer will still send.
+  void Fit() {
+    if (cur_ > 1 && left_ < cur_) Set(std::max<uint64_t>(left_, 1));
+  }
+
+ private:
+  void Set(uint64_t v) {
+    const int x = static_cast<int>(v);
+    if (setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &x, sizeof(x)) == 0) cur_ = v;
+  }
+  int fd_;
+  uint64_t left_ = 0, cur_ = 1;
+};
+
 // Moves iov[0..iovcnt) with sendmsg/recvmsg, waiting on EAGAIN until the deadline.
 IoResult MoveIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline, bool send) {
   size_t first = 0;
+  RecvLowat lowat(fd, iov, send ? 0 : iovcnt);
   while (first < iovcnt) {
     if (iov[first].iov_len == 0) {
       ++first;
@@ -138,11 +165,13 @@ IoResult MoveIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline, boo
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) return Classify(errno);
+      lowat.Fit();
       const IoResult w = WaitFd(fd, send ? POLLOUT : POLLIN, deadline);
       if (w != IoResult::kOk) return w;
       continue;
     }
     Advance(iov, iovcnt, &first, static_cast<size_t>(n));
+    lowat.Moved(static_cast<size_t>(n));
   }
   return IoResult::kOk;
 }
