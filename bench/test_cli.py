@@ -108,10 +108,13 @@ def test_placement_pins_both_ends_and_frees_them(place):
         h.close()
 
 
-@pytest.mark.parametrize("suffix,say", [("one-cpu", "both ends on one CPU"),
-                                         ("two-cpu", "each end on its own CPU")])
+@pytest.mark.parametrize("suffix,say", [("one-cpu", "(both ends on one CPU)"),
+                                         ("two-cpu", "(each end on its own CPU)"),
+                                         ("loaded/one-cpu", "(both CPUs busy, both ends on one CPU)"),
+                                         ("loaded/two-cpu", "(both CPUs busy, each end on its own CPU)")])
 def test_cli_placed_round_trip_target(tmp_path, suffix, say):
-    """The 16 x 4 KiB pull with both ends placed is measured beside the ping-pong placed alike."""
+    """The 16 x 4 KiB pull with both ends placed, idle or loaded, is measured beside the ping-pong
+    placed alike."""
     out = tmp_path / "r.json"
     case = f"tcp/small/pull/random/{suffix}"
     r = _run(tmp_path, "--case", case, "--quick", "--json", str(out), "--no-progress")
@@ -120,7 +123,7 @@ def test_cli_placed_round_trip_target(tmp_path, suffix, say):
     rows = {x["id"]: x for x in data["results"]}
     assert rows[case]["baseline"] == f"tcp/raw-pingpong-8B/{suffix}"
     assert rows[case]["ratio"] > 0
-    assert any(say in t["target"] for t in data["targets"])
+    assert any(t["target"].endswith(say) for t in data["targets"])
 
 
 def test_cli_cma_is_timed_beside_shm_and_the_kernel_floor(tmp_path):
@@ -218,18 +221,23 @@ def test_cli_tcp_large_is_timed_beside_c_streams_both_ways(tmp_path):
     assert "; the raw C streams, same rounds: " in targets["tcp large pull vs push time"]["detail"]
 
 
-def test_unpinned_round_trip_target_names_the_placed_ping_pongs():
-    """The unpinned 16 x 4 KiB target reports the one-CPU and two-CPU ping-pongs of the same run
-    (the scheduler may place the two round trips differently); the placed targets do not."""
+@pytest.mark.parametrize("load,say", [("", ""), ("/loaded", " (both CPUs busy)")])
+def test_unpinned_round_trip_target_names_the_placed_round_trips(load, say):
+    """The unpinned 16 x 4 KiB target, idle or loaded, reports the one-CPU and two-CPU ping-pongs
+    and pulls of the same run and load (the scheduler may place the two round trips differently);
+    the placed targets do not."""
     from kvblocks.bench.targets import targets
 
-    rows = [{"id": "tcp/raw-pingpong-8B", "median_s": 20e-6},
-            {"id": "tcp/small/pull/random", "median_s": 76e-6, "ratio": 3.8, "paired_baseline_median_s": 20e-6},
-            {"id": "tcp/raw-pingpong-8B/one-cpu", "median_s": 14.6e-6},
-            {"id": "tcp/raw-pingpong-8B/two-cpu", "median_s": 75.7e-6},
-            {"id": "tcp/small/pull/random/two-cpu", "median_s": 52e-6, "ratio": 0.7,
-             "paired_baseline_median_s": 73e-6}]
+    rows = [{"id": f"tcp/raw-pingpong-8B{load}", "median_s": 20e-6},
+            {"id": f"tcp/small/pull/random{load}", "median_s": 76e-6, "ratio": 3.8,
+             "paired_baseline_median_s": 20e-6}]
+    for place, ping, pull in (("one-cpu", 14.6e-6, 30.1e-6), ("two-cpu", 75.7e-6, 52e-6)):
+        rows += [{"id": f"tcp/raw-pingpong-8B{load}/{place}", "median_s": ping},
+                 {"id": f"tcp/small/pull/random{load}/{place}", "median_s": pull, "ratio": pull / ping,
+                  "paired_baseline_median_s": ping}]
+    rows.append({"id": "tcp/raw-pingpong-8B" + ("" if load else "/loaded") + "/one-cpu", "median_s": 1e-3})
     got = {t["target"]: t["detail"] for t in targets(rows, [])}
-    assert got["tcp small pull random vs ping-pong RTT"].endswith(
-        "; the ping-pong placed on one CPU: 14.6 us, on two: 75.7 us (same run)")
-    assert "placed" not in got["tcp small pull random vs ping-pong RTT (each end on its own CPU)"]
+    assert got[f"tcp small pull random vs ping-pong RTT{say}"].endswith(
+        "; placed on one CPU / on two (same run): ping-pong 14.6 / 75.7 us, pull 30.1 / 52.0 us")
+    busy = "both CPUs busy, " if load else ""
+    assert "placed" not in got[f"tcp small pull random vs ping-pong RTT ({busy}each end on its own CPU)"]

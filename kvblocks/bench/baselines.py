@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Baselines measured beside the kvblocks cases: numpy memcpy and block gather, raw CMA
-syscalls, a raw loopback socket (sink and 8-byte ping-pong) and a pure-Python block-list check."""
+syscalls, a raw loopback socket (sink, source, 8-byte ping-pong and a block round trip) and a
+pure-Python block-list check."""
 from __future__ import annotations
 
 import itertools
@@ -12,6 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from .common import MiB, SIZES, Case, human_bytes
 from .common import np as _np
 from .markers import id_lists
+
+RAW_BLOCKS_ID = "tcp/raw-blocks-16x4KiB"
+RAW_BLOCK_LISTS = 64  # id lists cycled through, as the pull cycles through its own
+RAW_BLOCK_SEED = 7  # both ends draw the same id lists
+RAW_BLOCK_BYTES = 2 * SIZES["small"][0] * SIZES["small"][3] * SIZES["small"][2]  # 2L tensors x B blocks
 
 
 # ----------------------------------------------------------------------------- raw socket server (peer side)
@@ -57,9 +63,46 @@ def c_stream(fd, base, nbytes, step, io):
         off += n
 
 
+def block_views(side):
+    """``(cache, lists)`` for one end of the raw block round trip: a bytearray shaped as the small
+    pull's cache (2L tensors of nb blocks, every block filled with :func:`block_byte` on the
+    source side, 0 on the destination side) and RAW_BLOCK_LISTS lists of memoryviews of its blocks,
+    B random ones per tensor as the pull takes them (``side`` 0: the source ids, 1: the destination
+    ids of the same id lists). Raises nothing."""
+    L, nb, bb, B = SIZES["small"]
+    cache = bytearray(2 * L * nb * bb)
+    for i in range(2 * L * nb):  # every page written: nothing reads the shared zero page
+        cache[i * bb:(i + 1) * bb] = bytes([block_byte(i) if side == 0 else 0]) * bb
+    mv = memoryview(cache)
+    lists = id_lists(_np().random.default_rng(RAW_BLOCK_SEED), nb, B, "random", RAW_BLOCK_LISTS)
+    return cache, [[(t * nb + int(b), mv[(t * nb + int(b)) * bb:(t * nb + int(b) + 1) * bb])
+                    for t in range(2 * L) for b in ids[side]] for ids in lists]
+
+
+def block_byte(i):
+    """The byte every byte of source block ``i`` (tensor-major) holds. Raises nothing."""
+    return i % 251 + 1
+
+
+def _move_views(io, views, nbytes):
+    """All ``nbytes`` of ``views`` through one ``sendmsg``/``recvmsg_into`` call ``io`` (more on a
+    short count). Raises EOFError when the peer closes, OSError on socket errors."""
+    n = io(views)
+    while n < nbytes:
+        if n <= 0:
+            raise EOFError
+        nbytes -= n
+        while n >= len(views[0]):
+            n -= len(views[0])
+            views = views[1:]
+        views = [views[0][n:]] + views[1:]
+        n = io(views)
+
+
 def _raw_conn(conn):
     """'S' = sink (8-byte length, payload, 1-byte ack), 'R' = source (8-byte length; the payload
-    back, C send() of 1 MiB writes), 'P' = 8-byte echo."""
+    back, C send() of 1 MiB writes), 'P' = 8-byte echo, 'B' = block source (an 8-byte list index;
+    that list's blocks back in one sendmsg)."""
     import ctypes
 
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -67,11 +110,15 @@ def _raw_conn(conn):
     hdr = bytearray(8)
     buf = bytearray(1)
     send = _libc_io("send")
+    src = [[v for _, v in views] for views in block_views(0)[1]] if mode == b"B" else None
     try:
         while True:
             _recv_exact(conn, memoryview(hdr))
             if mode == b"P":
                 conn.sendall(hdr)
+                continue
+            if mode == b"B":
+                _move_views(conn.sendmsg, src[int.from_bytes(hdr, "little") % RAW_BLOCK_LISTS], RAW_BLOCK_BYTES)
                 continue
             n = int.from_bytes(hdr, "little")
             if len(buf) < n:
@@ -297,7 +344,13 @@ def _variant(case, suffix, note, setting, baseline):
     c = Case(f"{case.id}/{suffix}", case.group, make, baseline=baseline, bytes=case.bytes, blocks=case.blocks,
              reps=case.reps, path=case.path, fast=case.fast, note=(case.note + "; " if case.note else "") + note,
              pgroup=case.pgroup)
-    c.after = lambda h: setting(h, False)
+    undo = case.after  # a variant of a variant undoes both settings
+
+    def after(h):
+        setting(h, False)
+        if undo is not None:
+            undo(h)
+    c.after = after
     return c
 
 
@@ -340,6 +393,39 @@ def pingpong_case():
 
     return Case("tcp/raw-pingpong-8B", "tcp", make, bytes=8, reps="small", path="raw",
                 note="8-byte request/response round trip, TCP_NODELAY, Python", pgroup="tcp-small")
+
+
+def raw_blocks_case():
+    """The small pull's bytes over a raw socket: an 8-byte request answered with 16 random 4 KiB
+    blocks of the peer's cache (B of each of 2L tensors), sent with one ``sendmsg`` and scattered
+    into random blocks here with one ``recvmsg_into``, Python at both ends as in the ping-pong.
+    What any pull of these blocks costs on top of the ping-pong. Raises nothing; the case's ``fn``
+    raises EOFError or OSError on socket errors."""
+    def make(h):
+        s = _raw_socket(h, b"B")
+        lists = block_views(1)[1]  # the views keep their bytearray alive
+        reqs = [(i.to_bytes(8, "little"), [v for _, v in views]) for i, views in enumerate(lists)]
+        it = itertools.cycle(reqs)
+
+        def recv(views):
+            return s.recvmsg_into(views, 0, socket.MSG_WAITALL)[0]
+
+        def fn():
+            req, views = next(it)
+            s.sendall(req)
+            _move_views(recv, views, RAW_BLOCK_BYTES)
+
+        def verify():  # list 0 into cleared blocks: each must hold its source block's byte
+            src = [i for i, _ in block_views(0)[1][0]]
+            for _, v in lists[0]:
+                v[:] = bytes(len(v))
+            s.sendall(reqs[0][0])
+            _move_views(recv, reqs[0][1], RAW_BLOCK_BYTES)
+            return sum(v != bytes([block_byte(i)]) * len(v) for i, (_, v) in zip(src, lists[0]))
+        return fn, verify
+
+    return Case(RAW_BLOCKS_ID, "tcp", make, bytes=RAW_BLOCK_BYTES, reps="small", path="raw", pgroup="tcp-small",
+                note="8-byte request answered with 16 random 4 KiB blocks, one sendmsg / recvmsg_into, Python")
 
 
 def gather_rows_case(n, bb, pgroup):

@@ -255,7 +255,7 @@ def _transfer_block(path):
     """One path's cases in run order: raw baselines first, then pull and push (pairs grouped)."""
     if path == "ucx":
         return _ucx_block()
-    out = [bl.pingpong_case()] if path == "tcp" else []
+    out = [bl.pingpong_case(), bl.raw_blocks_case()] if path == "tcp" else []
     for size in ("small", "large"):
         if path == "tcp":
             out.append(bl.raw_send_case(size))
@@ -269,11 +269,16 @@ def _transfer_block(path):
         out += [_beside(_transfer_case(path, size, d, p)) for d in ("pull", "push") for p in ("random", "contig")]
         if path == "tcp" and size == "small":  # the round trip with both CPUs busy
             ping = bl.loaded(bl.pingpong_case())
-            out += [ping, bl.loaded(_transfer_case(path, size, "pull", "random"), baseline=ping.id)]
-            # and with both ends placed alike on one core, then on two (the ping-pong's two modes)
+            out += [ping, _beside(bl.loaded(_transfer_case(path, size, "pull", "random"), baseline=ping.id))]
+            # and with both ends placed alike on one core, then on two (the ping-pong's two modes),
+            # idle and loaded: unpinned, the scheduler picks one of these for each side
             for place in (bl.one_cpu, bl.two_cpus):
-                ping = place(bl.pingpong_case())
-                out += [ping, place(_transfer_case(path, size, "pull", "random"), baseline=ping.id)]
+                for load in (None, bl.loaded):
+                    ping, pull = bl.pingpong_case(), _transfer_case(path, size, "pull", "random")
+                    if load is not None:
+                        ping, pull = load(ping), load(pull)
+                    ping = place(ping)
+                    out += [ping, _beside(place(pull, baseline=ping.id))]
         if path == "shm" and size == "large":  # the memory bandwidth left with both CPUs busy
             L, _, bb, B = SIZES[size]
             copy = bl.loaded(bl.memcpy_case(2 * L * B * bb, pgroup="samehost-large"))
@@ -284,9 +289,12 @@ def _transfer_block(path):
 def _beside(c):
     """``c`` with the cases its targets compare it with timed in the same rounds: a large random
     shm transfer beside the memory bandwidth, its cma twin beside it and beside the kernel's CMA
-    floor on all cores, a tcp one beside C streams of the same bytes both ways (when selected)."""
-    _, size, d, pattern = transfer_key(c.id)
-    if size == "large" and pattern == "random":
+    floor on all cores, a tcp one beside C streams of the same bytes both ways, and the small
+    random tcp pull (placed or loaded too) beside the same blocks over a raw socket (when selected)."""
+    _, size, d, pattern = c.id.split("/")[:4]
+    if (c.path, size, d, pattern) == ("tcp", "small", "pull", "random"):
+        c.beside = (bl.RAW_BLOCKS_ID,)
+    elif size == "large" and pattern == "random" and transfer_key(c.id):
         c.beside = {"shm": ("base/memcpy-all/256MiB",),
                     "cma": (f"shm/large/{d}/random", f"base/raw-cma-all/large/{d}/random"),
                     "tcp": tuple(bl.c_stream_id(size, w) for w in ("pull", "push"))}.get(c.path, ())

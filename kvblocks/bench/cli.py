@@ -8,7 +8,9 @@ Groups (--case takes a group name or a glob over case ids, repeatable):
   shm, cma    same-host cross-process pull/push (allocated caches use shared memory,
               registered numpy arrays use process_vm_readv/writev), small and large,
               random and contiguous ids, vs numpy memcpy and numpy block gather
-  tcp         the same over kvblocks.Transport=tcp vs a raw socket and a raw 8-byte ping-pong
+  tcp         the same over kvblocks.Transport=tcp vs a raw socket and a raw 8-byte ping-pong;
+              16x4KiB also beside the same blocks over a raw socket, with both CPUs busy, and
+              placed on one CPU and on two, idle and busy
   ucx         kvblocks.Transport=ucx (needs the ucx extra) at 64 KiB / 4 MiB / 256 MiB per call, with
               --vs nixl: NIXL over the same UCX_TLS (KVBLOCKS_BENCH_UCX_TLS, default tcp), interleaved
   async       pull_kv_blocks_async submission vs validation; 64 TCP pulls in flight vs in a row

@@ -2,7 +2,7 @@
 """The project's performance targets, checked against one run's rows."""
 from __future__ import annotations
 
-from .baselines import c_stream_id
+from .baselines import RAW_BLOCKS_ID, c_stream_id
 
 NIXL_SMALL_REF_S = 45e-6  # peers.md, used only when NIXL did not run
 
@@ -112,26 +112,39 @@ def _tcp(by, add):
         add("tcp large pull vs push time", f"{v:.2f}x", "within 10%", abs(v - 1) <= 0.10,
             f"{r['bytes'] / r['paired_pull_median_s'] / 1e9:.2f} vs {r['GBps']:.2f} GB/s; "
             "pull and push interleaved" + floor)
-    for suffix, goal, say in (("", 2, ""), ("/loaded", 3, " (both CPUs busy)"),
-                              ("/one-cpu", 2, " (both ends on one CPU)"),
-                              ("/two-cpu", 2, " (each end on its own CPU)")):
-        r = by.get(f"tcp/small/pull/random{suffix}")
-        if r and r.get("ratio"):
-            v = r["ratio"]
-            add(f"tcp small pull random vs ping-pong RTT{say}", f"{v:.2f}x",
-                f"<= {goal}x", v <= goal, f"{r['median_s'] * 1e6:.1f} us vs {_base_med(r, by) * 1e6:.1f} us "
-                "(interleaved)" + ("" if suffix else _placed_pingpongs(by)))
+    for load, goal, busy in (("", 2, ""), ("/loaded", 3, "both CPUs busy")):
+        for place, where in (("", ""), ("/one-cpu", "both ends on one CPU"), ("/two-cpu", "each end on its own CPU")):
+            r = by.get(f"tcp/small/pull/random{load}{place}")
+            if r and r.get("ratio"):
+                say = ", ".join(filter(None, (busy, where)))
+                v = r["ratio"]
+                add("tcp small pull random vs ping-pong RTT" + (f" ({say})" if say else ""), f"{v:.2f}x",
+                    f"<= {goal}x", v <= goal, f"{r['median_s'] * 1e6:.1f} us vs {_base_med(r, by) * 1e6:.1f} us "
+                    "(interleaved)" + _raw_blocks(r, by) + ("" if place else _placed(by, load)))
 
 
-def _placed_pingpongs(by):
-    """"; the ping-pong placed ...": unpinned, the scheduler may put both ends of the ping-pong on one
-    CPU and the two ends of a pull on two, so the placed ping-pongs of the same run bound the round
-    trip each way. Raises nothing; "" when they were not measured."""
-    one, two = (by.get(f"tcp/raw-pingpong-8B/{p}") for p in ("one-cpu", "two-cpu"))
-    if not (one and two):
+def _raw_blocks(r, by):
+    """"; the same blocks over a raw socket ...": the floor of a 16 x 4 KiB pull, an 8-byte request
+    answered with its blocks, timed in the same rounds. Raises nothing; "" when it was not."""
+    raw = r.get("beside", {}).get(RAW_BLOCKS_ID)
+    if not raw:
         return ""
-    return (f"; the ping-pong placed on one CPU: {one['median_s'] * 1e6:.1f} us, on two: "
-            f"{two['median_s'] * 1e6:.1f} us (same run)")
+    return (f"; the same blocks over a raw socket, same rounds: {raw['median_s'] * 1e6:.1f} us "
+            f"({raw['median_s'] / _base_med(r, by):.2f}x the ping-pong; the pull {raw['ratio']:.2f}x it)")
+
+
+def _placed(by, load):
+    """"; placed ...": unpinned, the scheduler may put both ends of the ping-pong on one CPU and the
+    two ends of a pull on two, so the placed ping-pongs and pulls of the same run (``load``: "" or
+    "/loaded") bound the round trip each way. Raises nothing; "" when they were not measured."""
+    rows = {(who, p): by.get(f"{case}{load}/{p}") for who, case in (("ping-pong", "tcp/raw-pingpong-8B"),
+                                                                    ("pull", "tcp/small/pull/random"))
+            for p in ("one-cpu", "two-cpu")}
+    if not all(rows.values()):
+        return ""
+    return "; placed on one CPU / on two (same run): " + ", ".join(
+        f"{who} {rows[who, 'one-cpu']['median_s'] * 1e6:.1f} / {rows[who, 'two-cpu']['median_s'] * 1e6:.1f} us"
+        for who in ("ping-pong", "pull"))
 
 
 def _ucx(by, pe, add):
