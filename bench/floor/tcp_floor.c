@@ -4,8 +4,8 @@
 // transfer moves it (4096 random 64 KiB blocks gathered with sendmsg() and scattered with recvmsg(),
 // 64 iovecs a call; then the same with the receiver's SO_RCVLOWAT at 2 MiB, as kvblocks sets it for
 // large receives), each call acknowledged with one byte. Then round trips: an 8-byte ping-pong, and an
-// 8-byte request answered with 16 random 4 KiB blocks (the bench's small pull). kvblocks' tcp path
-// cannot beat these.
+// 8-byte request answered with 16 random 4 KiB blocks of a 1 MiB cache, scattered into random blocks
+// of another (the bench's small pull and its raw-socket floor). kvblocks' tcp path cannot beat these.
 //   cc -O2 bench/floor/tcp_floor.c -o tcp_floor && ./tcp_floor [calls]
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -84,22 +84,45 @@ static int move(int fd, uint8_t *buf, const uint32_t *ids, int random, int send,
   return 0;
 }
 
-// 16 random 4 KiB blocks in one sendmsg (the blocks of the first 16 ids, 4 KiB each).
-static int reply_blocks(int fd, uint8_t *buf, const uint32_t *ids) {
+// The 16 random 4 KiB blocks of round trip k at one end (side 0 sends, side 1 receives), drawn
+// from a 1 MiB cache of 256 blocks as the bench's small pull draws them: the call cycles through
+// 64 such lists, so the blocks are warm in the caches but not all hot.
+static void round_blocks(struct iovec *v, uint8_t *cache, const uint32_t *ids, int k, int side) {
+  for (int i = 0; i < 16; ++i) v[i] = (struct iovec){cache + (size_t)(ids[(k % 64) * 32 + side * 16 + i] % 256) * 4096, 4096};
+}
+
+// Round trip k's blocks in one sendmsg.
+static int reply_blocks(int fd, uint8_t *buf, const uint32_t *ids, int k) {
   struct iovec v[16];
-  for (int i = 0; i < 16; ++i) v[i] = (struct iovec){buf + (size_t)ids[i] * BB, 4096};
+  round_blocks(v, buf, ids, k, 0);
   struct msghdr m = {.msg_iov = v, .msg_iovlen = 16};
   return sendmsg(fd, &m, 0) == 16 * 4096 ? 0 : -1;
 }
 
-static double rtt(int fd, int blocks, int spin, int n) {
-  static uint8_t in[16 * 4096];
+// Round trip k's blocks scattered with recvmsg; `spin`: polls with MSG_DONTWAIT.
+static int recv_blocks(int fd, uint8_t *cache, const uint32_t *ids, int k, int spin) {
+  struct iovec v[16];
+  round_blocks(v, cache, ids, k, 1);
+  struct msghdr m = {.msg_iov = v, .msg_iovlen = 16};
+  while (m.msg_iovlen > 0) {
+    ssize_t r = recvmsg(fd, &m, spin ? MSG_DONTWAIT : MSG_WAITALL);
+    if (r < 0 && spin) continue;
+    if (r <= 0) return -1;
+    while (m.msg_iovlen > 0 && (size_t)r >= m.msg_iov->iov_len) r -= (ssize_t)m.msg_iov->iov_len, ++m.msg_iov, --m.msg_iovlen;
+    if (m.msg_iovlen > 0) m.msg_iov->iov_base = (uint8_t *)m.msg_iov->iov_base + r, m.msg_iov->iov_len -= (size_t)r;
+  }
+  return 0;
+}
+
+static double rtt(int fd, uint8_t *cache, const uint32_t *ids, int blocks, int spin, int n) {
+  static uint8_t in[8];
   double s[2000];
-  const char *req = spin ? (blocks ? "B1234567" : "P1234567") : (blocks ? "b1234567" : "p1234567");
+  char req[8] = {spin ? (blocks ? 'B' : 'P') : (blocks ? 'b' : 'p')};
   for (int i = 0; i < n; ++i) {
+    req[1] = (char)(i % 64);  // the round trip's list, for both ends
     const double t0 = now();
     if (write(fd, req, 8) != 8) exit(1);
-    if (recv_all(fd, in, blocks ? sizeof(in) : 8, spin) != 0) exit(1);
+    if ((blocks ? recv_blocks(fd, cache, ids, i, spin) : recv_all(fd, in, 8, spin)) != 0) exit(1);
     s[i] = now() - t0;
   }
   qsort(s, (size_t)n, sizeof(double), cmp);
@@ -133,7 +156,7 @@ int main(int argc, char **argv) {
         char req[7];
         spinning = mode == 'P' || mode == 'B';
         if (recv_all(fd, req, 7, spinning) != 0) return 1;
-        if ((mode | 0x20) == 'p' ? write(fd, "12345678", 8) != 8 : reply_blocks(fd, buf, ids) != 0) return 1;
+        if ((mode | 0x20) == 'p' ? write(fd, "12345678", 8) != 8 : reply_blocks(fd, buf, ids, req[0]) != 0) return 1;
         continue;
       }
       spinning = 0;
@@ -164,7 +187,8 @@ int main(int argc, char **argv) {
   }
   for (int spin = 0; spin < 2; ++spin) {  // both ends sleeping in recv(), then both polling
     double p[5], b[5];
-    for (int k = 0; k < 5; ++k) p[k] = rtt(fd, 0, spin, 400), b[k] = rtt(fd, 1, spin, 400);  // interleaved rounds
+    for (int k = 0; k < 5; ++k)  // interleaved rounds; the receiver's cache is the upper half of buf
+      p[k] = rtt(fd, NULL, ids, 0, spin, 400), b[k] = rtt(fd, buf + (size_t)NB * BB, ids, 1, spin, 400);
     qsort(p, 5, sizeof(double), cmp);
     qsort(b, 5, sizeof(double), cmp);
     const char *how = spin ? "polling" : "sleeping";
