@@ -64,19 +64,19 @@ def c_stream(fd, base, nbytes, step, io):
 
 
 def block_views(side):
-    """``(cache, lists)`` for one end of the raw block round trip: a bytearray shaped as the small
-    pull's cache (2L tensors of nb blocks, every block filled with :func:`block_byte` on the
-    source side, 0 on the destination side) and RAW_BLOCK_LISTS lists of memoryviews of its blocks,
-    B random ones per tensor as the pull takes them (``side`` 0: the source ids, 1: the destination
-    ids of the same id lists). Raises nothing."""
+    """RAW_BLOCK_LISTS lists of ``(block index, memoryview)`` for one end of the raw block round trip,
+    B random blocks per tensor as the pull takes them (``side`` 0: the source ids, 1: the destination
+    ids of the same id lists), over a bytearray shaped as the small pull's cache (2L tensors of nb
+    blocks, every block filled with :func:`block_byte` on the source side, 0 on the destination
+    side) that the views keep alive. Raises nothing."""
     L, nb, bb, B = SIZES["small"]
     cache = bytearray(2 * L * nb * bb)
     for i in range(2 * L * nb):  # every page written: nothing reads the shared zero page
         cache[i * bb:(i + 1) * bb] = bytes([block_byte(i) if side == 0 else 0]) * bb
     mv = memoryview(cache)
     lists = id_lists(_np().random.default_rng(RAW_BLOCK_SEED), nb, B, "random", RAW_BLOCK_LISTS)
-    return cache, [[(t * nb + int(b), mv[(t * nb + int(b)) * bb:(t * nb + int(b) + 1) * bb])
-                    for t in range(2 * L) for b in ids[side]] for ids in lists]
+    return [[(t * nb + int(b), mv[(t * nb + int(b)) * bb:(t * nb + int(b) + 1) * bb])
+             for t in range(2 * L) for b in ids[side]] for ids in lists]
 
 
 def block_byte(i):
@@ -110,7 +110,7 @@ def _raw_conn(conn):
     hdr = bytearray(8)
     buf = bytearray(1)
     send = _libc_io("send")
-    src = [[v for _, v in views] for views in block_views(0)[1]] if mode == b"B" else None
+    src = [[v for _, v in views] for views in block_views(0)] if mode == b"B" else None
     try:
         while True:
             _recv_exact(conn, memoryview(hdr))
@@ -403,7 +403,7 @@ def raw_blocks_case():
     raises EOFError or OSError on socket errors."""
     def make(h):
         s = _raw_socket(h, b"B")
-        lists = block_views(1)[1]  # the views keep their bytearray alive
+        lists = block_views(1)
         reqs = [(i.to_bytes(8, "little"), [v for _, v in views]) for i, views in enumerate(lists)]
         it = itertools.cycle(reqs)
 
@@ -416,7 +416,7 @@ def raw_blocks_case():
             _move_views(recv, views, RAW_BLOCK_BYTES)
 
         def verify():  # list 0 into cleared blocks: each must hold its source block's byte
-            src = [i for i, _ in block_views(0)[1][0]]
+            src = [i for i, _ in block_views(0)[0]]
             for _, v in lists[0]:
                 v[:] = bytes(len(v))
             s.sendall(reqs[0][0])
