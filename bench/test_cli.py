@@ -68,6 +68,19 @@ def test_summary_of_runs(tmp_path):
     assert summary.runs_table(runs).count("\n") == 3  # header, rule, two runs
 
 
+def test_summary_cli_help_and_bad_files(tmp_path):
+    """``--help`` prints usage (it was once read as a file name); a missing or foreign file is an
+    argparse error naming the file, exit 2, not a traceback."""
+    run = [sys.executable, "-m", "kvblocks.bench.summary"]
+    h = subprocess.run(run + ["--help"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert h.returncode == 0 and "RUN.json" in h.stdout
+    missing = subprocess.run(run + ["nope.json"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert missing.returncode == 2 and "nope.json" in missing.stderr and "Traceback" not in missing.stderr
+    (tmp_path / "other.json").write_text("{}")
+    foreign = subprocess.run(run + ["other.json"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert foreign.returncode == 2 and "not a kvblocks bench --json file" in foreign.stderr
+
+
 def test_cli_reports_limits_and_model_shapes(tmp_path):
     """The limits and model-shaped cases have tables of their own in the Markdown report (and the
     console), not only rows in the JSON."""

@@ -6,6 +6,7 @@ value in each run with the median over runs (what bench/RESULTS.md shows).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import statistics
@@ -51,19 +52,24 @@ def targets_table(runs):
 
 
 def main(argv=None):
-    """Prints both tables for the JSON files named in ``argv``. Raises OSError, ValueError (bad JSON),
-    KeyError (not a ``kvblocks bench --json`` file)."""
-    paths = (argv if argv is not None else sys.argv[1:])
-    if not paths:
-        print(__doc__.strip(), file=sys.stderr)
-        return 2
+    """Prints both tables for the JSON files named in ``argv`` (``--help`` for usage). Raises
+    SystemExit (bad arguments, an unreadable or foreign file: argparse's message, exit 2)."""
+    ap = argparse.ArgumentParser(prog="python -m kvblocks.bench.summary",
+                                 description="Several runs of kvblocks bench --json side by side.")
+    ap.add_argument("runs", nargs="+", metavar="RUN.json", help="files written by kvblocks bench --json")
+    args = ap.parse_args(argv)
     runs = []
-    for p in paths:
-        with open(p) as f:
-            runs.append(json.load(f))
-    print(runs_table(runs))
-    print()
-    print(targets_table(runs))
+    for p in args.runs:
+        try:
+            with open(p) as f:
+                runs.append(json.load(f))
+        except (OSError, ValueError) as e:
+            ap.error(f"{p}: {e}")
+    try:
+        tables = runs_table(runs) + "\n\n" + targets_table(runs)
+    except KeyError as e:
+        ap.error(f"not a kvblocks bench --json file (no {e})")
+    print(tables)
     return 0
 
 
