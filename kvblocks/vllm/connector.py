@@ -195,6 +195,16 @@ class KvblocksConnectorMetadata(KVConnectorMetadata):
     reqs_to_send: Dict[str, float] = field(default_factory=dict)
 
 
+def _allow_amx() -> None:
+    """Asks Linux for the AMX tile state in this worker, where the CPU has it. vLLM's CPU attention
+    runs AMX instructions (bf16, block size 32) without asking; a decode worker whose first forward
+    is one token after a remote prefill, so that no larger op asked first, died of SIGILL there
+    (seen on a 2-vCPU Xeon VM). Raises nothing; a no-op elsewhere."""
+    init, has = getattr(torch.cpu, "_init_amx", None), getattr(torch.cpu, "_is_amx_tile_supported", None)
+    if init is not None and has is not None and has():
+        init()
+
+
 class KvblocksConnector(KVConnectorBase_V1):
     """vLLM KV connector (V1 API) moving a finished prefill's KV blocks to a decode instance with kvblocks.
 
@@ -228,6 +238,7 @@ class KvblocksConnector(KVConnectorBase_V1):
             self._worker: Optional[_WorkerSide] = None
         else:
             self._sched = None  # type: ignore[assignment]
+            _allow_amx()
             self._worker = _WorkerSide(self)
 
     # ------------------------------------------------------------------ worker side
