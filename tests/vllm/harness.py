@@ -29,7 +29,8 @@ class Engine:
         self.name = name
         e = dict(os.environ)
         e.update({"VLLM_CPU_OMP_THREADS_BIND": str(cpu), "PYTHONPATH": HERE + os.pathsep + e.get("PYTHONPATH", ""),
-                  "VLLM_LOGGING_LEVEL": e.get("VLLM_LOGGING_LEVEL", "INFO"), "TOKENIZERS_PARALLELISM": "false"})
+                  "VLLM_LOGGING_LEVEL": e.get("VLLM_LOGGING_LEVEL", "INFO"), "TOKENIZERS_PARALLELISM": "false",
+                  "PYTHONFAULTHANDLER": "1"})  # a worker killed by a signal says which, and where
         e.update(env or {})
         self.log_path = os.path.join(log_dir or "/tmp", f"vllm-{name}-{os.getpid()}.log")
         self._log = open(self.log_path, "w")
@@ -58,17 +59,25 @@ class Engine:
     def generate(self, prompts: List[List[int]], max_tokens: int, params: Optional[List[Any]] = None,
                  timeout: float = 120) -> Dict[str, Any]:
         self.wait_ready()
-        self.proc.stdin.write(json.dumps({"op": "generate", "prompts": prompts, "max_tokens": max_tokens,
-                                          "params": params}) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps({"op": "generate", "prompts": prompts, "max_tokens": max_tokens,
+                                              "params": params}) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise RuntimeError(f"{self.name} exited ({self.proc.poll()}); log {self.log_path}:\n{self.tail()}")
         return self._readline(timeout)
 
     def tail(self, n: int = 40) -> str:
+        """The log's last ``n`` lines, after the first fatal error's (a dead worker's cause is often
+        far above the engine's own last words)."""
         try:
             with open(self.log_path) as f:
-                return "".join(f.readlines()[-n:])
+                lines = f.readlines()
         except OSError:
             return ""
+        first = next((i for i, ln in enumerate(lines) if "Fatal Python error" in ln or "died" in ln), None)
+        head = lines[first:first + 15] + ["...\n"] if first is not None and first < len(lines) - n else []
+        return "".join(head + lines[-n:])
 
     def signal(self, sig: int) -> None:
         os.killpg(self.proc.pid, sig)

@@ -14,6 +14,7 @@ import random
 import signal
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -227,20 +228,20 @@ def test_killed_prefill_recomputes(kvb_tcp, reference):
     assert log.count("will recompute") >= 3, "the pull did not fail: the failure path was not exercised"
 
 
-@pytest.fixture(scope="module")
-def nixl_pair(workdir, reference):
-    pytest.importorskip("nixl", reason="nixl is not installed (pip install nixl==1.5.1)")
+def nixl_pair(workdir):
+    """A started NixlConnector prefill/decode pair (the reference); the caller closes it."""
     ucx = {"UCX_TLS": "self,sm,tcp", "UCX_NET_DEVICES": "lo", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}
     p = Engine("nixl-prefill", str(workdir / "model"), nixl_config("kv_producer"), 0,
                dict(ucx, VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port())), str(workdir))
     d = Engine("nixl-decode", str(workdir / "model"), nixl_config("kv_consumer"), 1,
                dict(ucx, VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()),
                     KVB_TIMING_FILE=str(workdir / "nixl_recv.jsonl")), str(workdir))
-    yield from serve_pair(p, d)
+    p.wait_ready()
+    d.wait_ready()
+    return p, d
 
 
-def test_nixl_reference_same_tokens_and_time(nixl_pair, reference, workdir):
-    p, d = nixl_pair
+def nixl_reference_run(p, d, reference, workdir):
     # EQUAL again is fine: these are fresh engines
     out = handoff(p, d, EQUAL)["tokens"]
     RESULTS["nixl_equal"] = all(out[i] == reference[tuple(pr)] for i, pr in enumerate(EQUAL))
@@ -252,6 +253,24 @@ def test_nixl_reference_same_tokens_and_time(nixl_pair, reference, workdir):
     times = [r["seconds"] for r in read_jsonl(path)[before:]]
     assert len(times) == N_BENCH
     RESULTS["nixl_median_ms"] = median(times) * 1e3
+
+
+def test_nixl_reference_same_tokens_and_time(reference, workdir):
+    """vLLM's own NixlConnector, for comparison. It is not our code: a reference engine that dies
+    (seen once in CI, cause not logged) gets one fresh pair before the test fails."""
+    pytest.importorskip("nixl", reason="nixl is not installed (pip install nixl==1.5.1)")
+    for attempt in (1, 2):
+        p, d = nixl_pair(workdir)
+        try:
+            return nixl_reference_run(p, d, reference, workdir)
+        except RuntimeError as e:
+            if attempt == 2 or " exited " not in str(e):
+                raise
+            RESULTS["nixl_engine_died_first_try"] = str(e)[:2000]
+            warnings.warn(f"the NixlConnector reference engine died; retrying with a fresh pair: {e}")
+        finally:
+            d.close()
+            p.close()
 
 
 def teardown_module(module):

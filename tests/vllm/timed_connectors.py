@@ -12,6 +12,7 @@ import os
 import time
 
 from kvblocks.vllm import KvblocksConnector
+from kvblocks.vllm.connector import _allow_amx
 
 
 class _Timed:
@@ -47,6 +48,8 @@ try:
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
 
     class TimedNixlConnector(_Timed, NixlConnector):
-        pass
+        def __init__(self, *args, **kwargs):
+            _allow_amx()  # the same vLLM CPU-attention workaround as KvblocksConnector's, so both run
+            super().__init__(*args, **kwargs)
 except ImportError:  # no nixl support in this vLLM
     pass
