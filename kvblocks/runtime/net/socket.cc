@@ -158,9 +158,11 @@ IoResult MoveIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline, boo
     // Receivers check the deadline before each read: after it passes no further byte may land.
     if (!send && deadline != 0 && NowNs() >= deadline) return IoResult::kTimeout;
     msghdr m{};
-    m.msg_iov = iov + first;
-    m.msg_iovlen = std::min<size_t>(iovcnt - first, IOV_MAX);
-    const ssize_t n = send ? sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT) : recvmsg(fd, &m, MSG_DONTWAIT);
+    ssize_t n;
+    {
+      CallWindow w(iov + first, iovcnt - first, &m);
+      n = send ? sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT) : recvmsg(fd, &m, MSG_DONTWAIT);
+    }
     if (n == 0 && !send) return IoResult::kClosed;
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -177,6 +179,24 @@ IoResult MoveIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline, boo
 }
 
 }  // namespace
+
+CallWindow::CallWindow(struct iovec *iov, size_t iovcnt, struct msghdr *m) {
+  const size_t most = std::min<size_t>(iovcnt, IOV_MAX);
+  size_t k = 0;
+  uint64_t sum = 0;
+  while (k < most && sum < kSocketCallBytes) sum += iov[k++].iov_len;
+  if (sum > kSocketCallBytes) {
+    cut_ = &iov[k - 1];
+    len_ = cut_->iov_len;
+    cut_->iov_len -= sum - kSocketCallBytes;
+  }
+  m->msg_iov = iov;
+  m->msg_iovlen = k;
+}
+
+CallWindow::~CallWindow() {
+  if (cut_ != nullptr) cut_->iov_len = len_;
+}
 
 IoResult SendIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline) {
   return MoveIov(fd, iov, iovcnt, deadline, true);

@@ -4,6 +4,7 @@
 #ifndef KVBLOCKS_RUNTIME_NET_SOCKET_H_
 #define KVBLOCKS_RUNTIME_NET_SOCKET_H_
 
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <cstdint>
@@ -16,6 +17,20 @@
 namespace kvblocks {
 
 enum class IoResult { kOk, kTimeout, kClosed, kError };
+
+// Points `m` at one socket call's share of iov[0..iovcnt): at most IOV_MAX iovecs and
+// kSocketCallBytes, the last iovec cut to fit while the window lives (restored after).
+class CallWindow {
+ public:
+  CallWindow(struct iovec *iov, size_t iovcnt, struct msghdr *m);
+  ~CallWindow();
+  CallWindow(const CallWindow &) = delete;
+  CallWindow &operator=(const CallWindow &) = delete;
+
+ private:
+  struct iovec *cut_ = nullptr;
+  size_t len_ = 0;
+};
 
 IoResult SendIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline);
 IoResult RecvIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline);  // checks the deadline per read

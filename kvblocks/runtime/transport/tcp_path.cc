@@ -242,9 +242,11 @@ struct SendQueue {
   IoResult Flush(int fd) {
     while (first < iov.size()) {
       msghdr m{};
-      m.msg_iov = iov.data() + first;
-      m.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
-      const ssize_t n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      ssize_t n;
+      {
+        CallWindow w(iov.data() + first, iov.size() - first, &m);
+        n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
       if (n < 0) {
         if (errno == EINTR) continue;
         return errno == EAGAIN || errno == EWOULDBLOCK ? IoResult::kOk : IoResult::kClosed;
