@@ -3,7 +3,8 @@
 // another, either contiguous (1 MiB send()/recv(), the bench's raw C stream) or as the bench's large
 // transfer moves it (4096 random 64 KiB blocks gathered with sendmsg() and scattered with recvmsg(),
 // 64 iovecs a call; then the same with the receiver's SO_RCVLOWAT at 2 MiB, as kvblocks sets it for
-// large receives), each call acknowledged with one byte. Then round trips: an 8-byte ping-pong, and an
+// large receives), and as kvblocks moves it now (both ends non-blocking, waiting in poll(), at most
+// 1 MiB a call, the receiver's mark at 2 MiB), each call acknowledged with one byte. Then round trips: an 8-byte ping-pong, and an
 // 8-byte request answered with 16 random 4 KiB blocks of a 1 MiB cache, scattered into random blocks
 // of another (the bench's small pull and its raw-socket floor). kvblocks' tcp path cannot beat these.
 //   cc -O2 bench/floor/tcp_floor.c -o tcp_floor && ./tcp_floor [calls]
@@ -62,20 +63,30 @@ static ssize_t recv_lowat(int fd, struct msghdr *m, int lowat, size_t *left) {
   }
 }
 
-// One call's bytes through fd; `send` picks the direction. Random mode walks `ids` in IOV-block steps;
-// `lowat` > 0: received through recv_lowat().
-static int move(int fd, uint8_t *buf, const uint32_t *ids, int random, int send, int lowat) {
+// Waits in poll() for `ev` (a non-blocking call got EAGAIN).
+static void wait_fd(int fd, short ev) {
+  struct pollfd p = {fd, ev, 0};
+  poll(&p, 1, -1);
+}
+
+// One call's bytes through fd; `send` picks the direction. Random mode walks `ids`, `iov` blocks a
+// call; `lowat` > 0: received through recv_lowat(); `nb`: sent with MSG_DONTWAIT, waiting in poll().
+static int move(int fd, uint8_t *buf, const uint32_t *ids, int random, int send, int lowat, int iov, int nb) {
   size_t left = (size_t)NB * BB;
   struct iovec v[IOV];
   for (uint32_t b = 0; b < NB;) {
     int n = 0;
     if (random)
-      for (; n < IOV && b < NB; ++n, ++b) v[n] = (struct iovec){buf + (size_t)ids[b] * BB, BB};
+      for (; n < iov && b < NB; ++n, ++b) v[n] = (struct iovec){buf + (size_t)ids[b] * BB, BB};
     else
       v[n++] = (struct iovec){buf + (size_t)b * BB, 16 * BB}, b += 16;
     struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)n};
     while (m.msg_iovlen > 0) {
-      ssize_t r = send ? sendmsg(fd, &m, 0) : lowat ? recv_lowat(fd, &m, lowat, &left) : recvmsg(fd, &m, MSG_WAITALL);
+      ssize_t r = send ? sendmsg(fd, &m, nb ? MSG_DONTWAIT : 0) : lowat ? recv_lowat(fd, &m, lowat, &left) : recvmsg(fd, &m, MSG_WAITALL);
+      if (r < 0 && send && nb && errno == EAGAIN) {
+        wait_fd(fd, POLLOUT);
+        continue;
+      }
       if (r <= 0) return -1;
       while (m.msg_iovlen > 0 && (size_t)r >= m.msg_iov->iov_len) r -= (ssize_t)m.msg_iov->iov_len, ++m.msg_iov, --m.msg_iovlen;
       if (m.msg_iovlen > 0) m.msg_iov->iov_base = (uint8_t *)m.msg_iov->iov_base + r, m.msg_iov->iov_len -= (size_t)r;
@@ -160,7 +171,9 @@ int main(int argc, char **argv) {
         continue;
       }
       spinning = 0;
-      if (move(fd, buf, ids, mode != 'c', 0, mode == 'l' ? 2 << 20 : 0) != 0 || write(fd, "k", 1) != 1) return 1;
+      if (move(fd, buf, ids, mode != 'c', 0, mode == 'l' || mode == 'k' ? 2 << 20 : 0, mode == 'k' ? 16 : IOV, 0) != 0 ||
+          write(fd, "k", 1) != 1)
+        return 1;
       setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof(one));  // or a small request sleeps forever
     }
     return 0;
@@ -168,22 +181,24 @@ int main(int argc, char **argv) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) return 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  double t[3][64];
+  double t[4][64];
   const int n = calls < 64 ? calls : 64;
   for (int i = 0; i < n; ++i)
-    for (int mode = 0; mode < 3; ++mode) {  // the three modes interleaved
+    for (int mode = 0; mode < 4; ++mode) {  // the four modes interleaved
       char k;
       const double t0 = now();
-      if (write(fd, &"crl"[mode], 1) != 1 || move(fd, buf, ids, mode > 0, 1, 0) != 0 || read(fd, &k, 1) != 1) return 1;
+      if (write(fd, &"crlk"[mode], 1) != 1 || move(fd, buf, ids, mode > 0, 1, 0, mode == 3 ? 16 : IOV, mode == 3) != 0 ||
+          read(fd, &k, 1) != 1)
+        return 1;
       t[mode][i] = now() - t0;
     }
-  printf("%-44s %8s %8s\n", "256 MiB per call over loopback TCP", "GB/s", "ms");
-  const char *names[3] = {"contiguous, 1 MiB send/recv", "4096 random 64 KiB blocks, sendmsg/recvmsg",
-                          "the same, receiver SO_RCVLOWAT 2 MiB"};
-  for (int mode = 0; mode < 3; ++mode) {
+  printf("%-52s %8s %8s\n", "256 MiB per call over loopback TCP", "GB/s", "ms");
+  const char *names[4] = {"contiguous, 1 MiB send/recv", "4096 random 64 KiB blocks, sendmsg/recvmsg",
+                          "the same, receiver SO_RCVLOWAT 2 MiB", "the same, <= 1 MiB a call, non-blocking (kvblocks)"};
+  for (int mode = 0; mode < 4; ++mode) {
     qsort(t[mode], (size_t)n, sizeof(double), cmp);
     const double med = t[mode][n / 2];
-    printf("%-44s %8.2f %8.1f\n", names[mode], (double)NB * BB / med / 1e9, med * 1e3);
+    printf("%-52s %8.2f %8.1f\n", names[mode], (double)NB * BB / med / 1e9, med * 1e3);
   }
   for (int spin = 0; spin < 2; ++spin) {  // both ends sleeping in recv(), then both polling
     double p[5], b[5];
@@ -192,8 +207,8 @@ int main(int argc, char **argv) {
     qsort(p, 5, sizeof(double), cmp);
     qsort(b, 5, sizeof(double), cmp);
     const char *how = spin ? "polling" : "sleeping";
-    printf("8-byte ping-pong, %-26s %8.1f us\n", how, p[2] * 1e6);
-    printf("16 x 4 KiB random reply, %-19s %8.1f us  (%.2fx the ping-pong)\n", how, b[2] * 1e6, b[2] / p[2]);
+    printf("8-byte ping-pong, %-34s %8.1f us\n", how, p[2] * 1e6);
+    printf("16 x 4 KiB random reply, %-27s %8.1f us  (%.2fx the ping-pong)\n", how, b[2] * 1e6, b[2] / p[2]);
   }
   close(fd);
   waitpid(child, NULL, 0);
