@@ -121,6 +121,25 @@ def test_placement_pins_both_ends_and_frees_them(place):
         h.close()
 
 
+def test_cpu_load_busies_every_cpu_even_after_one_cpu():
+    """The loaded cases run one busy loop on each CPU the bench started with, also when the bench
+    itself is pinned to one CPU first (loaded/one-cpu): the loops must not inherit that pin."""
+    from kvblocks import bench as kbb
+
+    h = kbb.Harness()
+    try:
+        start = os.sched_getaffinity(0)
+        h.one_cpu(True)
+        h.cpu_load(True)
+        masks = sorted(tuple(sorted(os.sched_getaffinity(p.pid))) for p in h.load)
+        assert masks == [(c,) for c in sorted(start)]
+        h.cpu_load(False)
+        assert h.load == []
+        h.one_cpu(False)
+    finally:
+        h.close()
+
+
 @pytest.mark.parametrize("suffix,say", [("one-cpu", "(both ends on one CPU)"),
                                          ("two-cpu", "(each end on its own CPU)"),
                                          ("loaded/one-cpu", "(both CPUs busy, both ends on one CPU)"),

@@ -367,17 +367,21 @@ class Harness:
         return self.inproc
 
     def cpu_load(self, on):
-        """Starts (``on``) or stops an unrelated CPU load: one busy-looping process per core, at
-        normal priority, so every core is busy while a loaded case runs. Idempotent.
+        """Starts (``on``) or stops an unrelated CPU load: one busy-looping process pinned to each
+        CPU this process started with, at normal priority, so every core is busy while a loaded case
+        runs. Pinned: a child inherits its parent's affinity, so after ``one_cpu`` every loop would
+        share that one CPU and leave the other idle. Idempotent.
 
         Raises:
-            OSError: a load process cannot be started.
+            OSError: a load process cannot be started or pinned.
         """
         import subprocess
         import sys
         if on and not self.load:
-            self.load = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                         for _ in range(os.cpu_count() or 2)]
+            for cpu in sorted(self.cpus):
+                p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                self.load.append(p)
+                os.sched_setaffinity(p.pid, {cpu})
         elif not on:
             for p in self.load:
                 p.kill()
