@@ -21,6 +21,10 @@ def make_model(path: str) -> str:
     return path
 
 
+class EngineExited(RuntimeError):
+    """The engine process is gone (or going): its log's tail says why."""
+
+
 class Engine:
     """One engine process (its own session, so it can be frozen or killed with all its children)."""
 
@@ -47,7 +51,7 @@ class Engine:
             raise TimeoutError(f"{self.name}: no answer within {timeout:.0f} s; log {self.log_path}:\n{self.tail()}")
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"{self.name} exited ({self.proc.poll()}); log {self.log_path}:\n{self.tail()}")
+            raise self._exited()
         return json.loads(line)
 
     def wait_ready(self, timeout: float = 300) -> "Engine":
@@ -64,8 +68,11 @@ class Engine:
                                               "params": params}) + "\n")
             self.proc.stdin.flush()
         except BrokenPipeError:
-            raise RuntimeError(f"{self.name} exited ({self.proc.poll()}); log {self.log_path}:\n{self.tail()}")
+            raise self._exited() from None
         return self._readline(timeout)
+
+    def _exited(self) -> EngineExited:
+        return EngineExited(f"{self.name} exited ({self.proc.poll()}); log {self.log_path}:\n{self.tail()}")
 
     def tail(self, n: int = 40) -> str:
         """The log's last ``n`` lines, after the first fatal error's (a dead worker's cause is often

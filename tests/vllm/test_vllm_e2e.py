@@ -26,7 +26,7 @@ except Exception as e:  # noqa: BLE001
                 "pip uninstall -y torchvision torchaudio torchcodec", allow_module_level=True)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Engine, free_port, kvblocks_config, make_model, median, nixl_config  # noqa: E402
+from harness import Engine, EngineExited, free_port, kvblocks_config, make_model, median, nixl_config  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -263,8 +263,8 @@ def test_nixl_reference_same_tokens_and_time(reference, workdir):
         p, d = nixl_pair(workdir)
         try:
             return nixl_reference_run(p, d, reference, workdir)
-        except RuntimeError as e:
-            if attempt == 2 or " exited " not in str(e):
+        except EngineExited as e:
+            if attempt == 2:
                 raise
             RESULTS["nixl_engine_died_first_try"] = str(e)[:2000]
             warnings.warn(f"the NixlConnector reference engine died; retrying with a fresh pair: {e}")
