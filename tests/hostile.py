@@ -5,7 +5,7 @@ import socket
 import struct
 
 MAGIC = 0x3142564B
-VERSION = 3
+VERSION = 4
 CAP_TCP = 1
 HDR = struct.Struct("<IHHIIQ")
 HELLO, CHALLENGE, AUTH, HELLO_ACK, CONFIRM, CONFIRM_ACK, BIND, LINK_INFO = 1, 2, 3, 4, 5, 6, 7, 8
@@ -24,14 +24,29 @@ def recv_exact(s, n):
     return buf
 
 
+def data_pad(before):
+    """The zeros between a frame's first ``before`` bytes and its data (READ_RESP, inline WRITE_REQ):
+    the data starts at a multiple of 64 bytes into the frame (protocol.md)."""
+    return -before % 64
+
+
 def send_frame(s, type_, payload=b"", status=0, flags=0, length=None):
-    s.sendall(HDR.pack(MAGIC, type_, flags, status, 0, len(payload) if length is None else length) + payload)
+    """One frame; an inline WRITE_REQ (flags bit 0) gets the pad its data must follow."""
+    pad = bytes(data_pad(HDR.size + len(payload))) if type_ == WRITE_REQ and flags & 1 else b""
+    s.sendall(HDR.pack(MAGIC, type_, flags, status, 0, len(payload) if length is None else length) + payload + pad)
 
 
 def recv_frame(s):
+    """(type, status, payload); for a READ_RESP with data the payload is the data, its pad skipped,
+    and after an inline WRITE_REQ the pad before its data is consumed too."""
     magic, type_, flags, status, _, length = HDR.unpack(recv_exact(s, HDR.size))
     assert magic == MAGIC
-    return type_, status, recv_exact(s, length) if length else b""
+    if type_ == READ_RESP and status == 0 and length:
+        recv_exact(s, data_pad(HDR.size))
+    payload = recv_exact(s, length) if length else b""
+    if type_ == WRITE_REQ and flags & 1:
+        recv_exact(s, data_pad(HDR.size + length))
+    return type_, status, payload
 
 
 def authenticate(port, kind, cluster_id, ip="127.0.0.1"):

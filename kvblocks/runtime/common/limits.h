@@ -14,8 +14,9 @@ constexpr int64_t kSecNs = 1000LL * kMsNs;
 // ---- wire
 constexpr uint32_t kMagic = 0x3142564BU;  // "KVB1" little-endian
 // 2: capability bitmask and per-transport table descriptors. 3: fixed-size HELLO; identity, tables
-// and link tokens only after mutual authentication; verified same-process/same-host paths.
-constexpr uint32_t kProtocolVersion = 3;
+// and link tokens only after mutual authentication; verified same-process/same-host paths. 4: data
+// of READ_RESP and inline WRITE_REQ frames padded to a 64-byte offset (wire/messages.h).
+constexpr uint32_t kProtocolVersion = 4;
 constexpr uint64_t kMaxControlPayload = 64ULL << 20;  // any frame but READ_RESP data
 constexpr uint64_t kRequestFixedBytes = 40;  // an encoded XferRequest: fixed fields,
 constexpr uint64_t kRequestRangeBytes = 16;  // plus 4 bytes a tensor and 16 a byte range

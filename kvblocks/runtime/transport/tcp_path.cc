@@ -73,12 +73,21 @@ void LocalIov(const Plan &plan, const Piece &piece, const CacheEntry &local, boo
   }
 }
 
+// The zeros between a frame and its data (wire/messages.h DataPad): read into `sink` on a pull,
+// sent on an inline push; none before a large push's data, which follows WRITE_READY.
+iovec DataPadIov(bool pull, bool inline_data, size_t body, uint8_t *sink) {
+  if (pull) return iovec{sink, DataPad(kFrameHeaderBytes)};
+  if (!inline_data) return iovec{sink, 0};
+  return iovec{const_cast<uint8_t *>(kZeroPad), DataPad(kFrameHeaderBytes + body)};
+}
+
 // One request of a pipelined run: its frame, then (inline pushes) its data, and where the reply goes.
 struct Pending {
   PipeItem item;
   uint8_t head[kFrameHeaderBytes];
   std::string body;
-  std::vector<iovec> data;  // the local side of the stream
+  std::vector<iovec> data;  // the local side of the stream, after its DataPadIov
+  uint8_t sink[kDataAlign];  // a pull's reply pad lands here
   uint64_t total = 0;
   uint64_t sent_end = 0;  // the run's sent-byte count once this request is fully written
 };
@@ -163,14 +172,15 @@ Status TcpPath::Execute(const Plan &plan, const CacheEntry &local, bool pull, in
     Encode(MakeRequest(plan, piece, cache_id_, pull, deadline, link_->clock_offset_ns), &body);
     const uint64_t total = piece.bytes_per_tensor * plan.src_tensors.size();
     const bool inline_data = !pull && total <= kMaxInlineWrite;
-    uint8_t head[kFrameHeaderBytes];
+    uint8_t head[kFrameHeaderBytes], sink[kDataAlign];
     EncodeHeader(FrameHeader{static_cast<uint16_t>(pull ? kReadReq : kWriteReq),
                              static_cast<uint16_t>(inline_data ? kFlagInline : 0), 0, body.size()},
                  head);
     std::vector<iovec> iov;
-    iov.reserve(plan.src_tensors.size() * (piece.seg_end - piece.seg_begin) + 2);
+    iov.reserve(plan.src_tensors.size() * (piece.seg_end - piece.seg_begin) + 3);
     iov.push_back(iovec{head, sizeof(head)});
     iov.push_back(iovec{&body[0], body.size()});
+    iov.push_back(DataPadIov(pull, inline_data, body.size(), sink));  // the stream's data starts here
     LocalIov(plan, piece, local, pull, &iov);
     reusable = false;
     st = Exchange(fd, iov, 2, pull, inline_data, total, deadline, &reusable);
@@ -201,7 +211,8 @@ void TcpPath::Build(const PipeItem &it, Pending *p) const {
   EncodeHeader(FrameHeader{static_cast<uint16_t>(it.pull ? kReadReq : kWriteReq),
                            static_cast<uint16_t>(it.pull ? 0 : kFlagInline), 0, p->body.size()},
                p->head);
-  p->data.reserve(plan.src_tensors.size() * plan.segs.size());
+  p->data.reserve(plan.src_tensors.size() * plan.segs.size() + 1);
+  p->data.push_back(DataPadIov(it.pull, !it.pull, p->body.size(), p->sink));
   LocalIov(plan, piece, *it.local, it.pull, &p->data);
 }
 

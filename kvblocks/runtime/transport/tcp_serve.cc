@@ -60,10 +60,10 @@ Status CheckRequest(Request *req, const CacheRegistry &caches) {
 // Walks the request's (tensor, range) pairs in wire order and hands them to `io` in batches of
 // IOV_MAX, so the scatter list of even a huge request takes one batch of memory.
 template <typename Io>
-IoResult Stream(const Request &req, const iovec *head, Io &&io) {
+IoResult Stream(const Request &req, const iovec *head, size_t nhead, Io &&io) {
   std::vector<iovec> iov;
-  iov.reserve(IOV_MAX + 1);
-  if (head != nullptr) iov.push_back(*head);
+  iov.reserve(IOV_MAX + nhead);
+  iov.insert(iov.end(), head, head + nhead);
   for (uint8_t *base : req.bases) {
     for (const ByteRange &g : req.wire.ranges) {
       AppendIov(&iov, base + g.offset, g.length);
@@ -84,28 +84,31 @@ bool Reply(int fd, uint16_t type, Status st) {
 bool ServeRead(int fd, const Request &req) {
   uint8_t head[kFrameHeaderBytes];
   EncodeHeader(FrameHeader{kReadResp, 0, LLM_SUCCESS, req.wire.total}, head);
-  const iovec h{head, sizeof(head)};
+  const iovec h[2] = {{head, sizeof(head)}, {const_cast<uint8_t *>(kZeroPad), DataPad(sizeof(head))}};
   // Past the requester's deadline it has given up; stop sending and drop the connection.
-  return Stream(req, &h, [&](iovec *v, size_t n) { return SendIov(fd, v, n, req.deadline); }) == IoResult::kOk;
+  return Stream(req, h, 2, [&](iovec *v, size_t n) { return SendIov(fd, v, n, req.deadline); }) == IoResult::kOk;
 }
 
-bool ServeWrite(int fd, RecvBuffer &rb, const Request &req, bool inline_data) {
+// `pad`: the zeros before inline data (wire/messages.h DataPad), skipped here.
+bool ServeWrite(int fd, RecvBuffer &rb, const Request &req, bool inline_data, size_t pad) {
+  uint8_t sink[kDataAlign];
+  if (inline_data && pad > 0 && rb.Read(sink, pad, req.deadline) != IoResult::kOk) return false;
   if (!inline_data && SendFrame(fd, kWriteReady, LLM_SUCCESS, nullptr, 0, req.deadline) != IoResult::kOk)
     return false;
   // RecvIov re-checks the deadline before every read, so once the pusher's call has returned
   // (its deadline passed) no further byte lands in the cache.
-  if (Stream(req, nullptr, [&](iovec *v, size_t n) { return rb.ReadIov(v, n, req.deadline); }) != IoResult::kOk)
+  if (Stream(req, nullptr, 0, [&](iovec *v, size_t n) { return rb.ReadIov(v, n, req.deadline); }) != IoResult::kOk)
     return false;
   return SendFrame(fd, kWriteDone, LLM_SUCCESS, nullptr, 0, req.deadline) == IoResult::kOk;
 }
 
 // Refuses a write; the announced inline bytes are drained so the channel stays usable. `q.total`
 // is what the peer announced, even when the rest of its request did not decode.
-bool RefuseWrite(int fd, RecvBuffer &rb, const XferRequest &q, bool inline_data, Status st) {
+bool RefuseWrite(int fd, RecvBuffer &rb, const XferRequest &q, bool inline_data, size_t pad, Status st) {
   if (!inline_data) return Reply(fd, kWriteReady, st);
   if (q.total > kMaxInlineWrite) return false;
-  std::string sink(q.total, '\0');
-  if (q.total > 0 && rb.Read(&sink[0], sink.size(), NowNs() + kFrameNs) != IoResult::kOk) return false;
+  std::string sink(pad + q.total, '\0');
+  if (!sink.empty() && rb.Read(&sink[0], sink.size(), NowNs() + kFrameNs) != IoResult::kOk) return false;
   return Reply(fd, kWriteDone, st);
 }
 
@@ -128,7 +131,9 @@ bool ServeRequest(int fd, RecvBuffer &rb, const FrameHeader &h, const std::strin
   }
   const bool inline_data = (h.flags & kFlagInline) != 0;
   if (h.type == kReadReq) return st == LLM_SUCCESS ? ServeRead(fd, req) : Reply(fd, kReadResp, st);
-  return st == LLM_SUCCESS ? ServeWrite(fd, rb, req, inline_data) : RefuseWrite(fd, rb, req.wire, inline_data, st);
+  const size_t pad = DataPad(kFrameHeaderBytes + payload.size());
+  return st == LLM_SUCCESS ? ServeWrite(fd, rb, req, inline_data, pad)
+                           : RefuseWrite(fd, rb, req.wire, inline_data, pad, st);
 }
 
 }  // namespace

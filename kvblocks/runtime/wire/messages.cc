@@ -53,6 +53,8 @@ bool DecodeAll(const std::string &in, Fn &&fn) {
 
 }  // namespace
 
+const uint8_t kZeroPad[kDataAlign] = {};
+
 void EncodeHeader(const FrameHeader &h, uint8_t out[kFrameHeaderBytes]) {
   Writer w;
   w.Put<uint32_t>(kMagic);
