@@ -41,7 +41,7 @@ def recv_frame(s):
     and after an inline WRITE_REQ the pad before its data is consumed too."""
     magic, type_, flags, status, _, length = HDR.unpack(recv_exact(s, HDR.size))
     assert magic == MAGIC
-    if type_ == READ_RESP and status == 0 and length:
+    if type_ == READ_RESP and status == 0:
         recv_exact(s, data_pad(HDR.size))
     payload = recv_exact(s, length) if length else b""
     if type_ == WRITE_REQ and flags & 1:

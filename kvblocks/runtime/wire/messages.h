@@ -51,16 +51,16 @@ struct FrameHeader {
   uint64_t length = 0;  // payload bytes that follow
 };
 void EncodeHeader(const FrameHeader &h, uint8_t out[kFrameHeaderBytes]);
+bool DecodeHeader(const uint8_t in[kFrameHeaderBytes], FrameHeader *h);  // false: bad magic
 
 // The data of a READ_RESP and of an inline WRITE_REQ starts kDataAlign bytes (or a multiple) into
 // its frame: zeros pad what comes before it (`before` bytes: the header, and the request of a
 // write). The kernel copies between socket buffers and user pages with `rep movsb`, which on some
-// CPUs (AMD EPYC here) is 1.5x slower when the two are 8 bytes out of 16-byte alignment; a 16x4KiB
-// pull took 63 us with the data right after the 24-byte header and 40 us 64 bytes in.
+// CPUs (AMD EPYC here) is much slower when the two are 8 bytes out of 16-byte alignment; a 16x4KiB
+// pull took 63 us with the data right after the 24-byte header and 41 us 64 bytes in.
 constexpr size_t kDataAlign = 64;
 inline size_t DataPad(uint64_t before) { return static_cast<size_t>((kDataAlign - before % kDataAlign) % kDataAlign); }
 extern const uint8_t kZeroPad[kDataAlign];
-bool DecodeHeader(const uint8_t in[kFrameHeaderBytes], FrameHeader *h);  // false: bad magic
 
 // Capabilities a side offers in its handshake; a path is used only when both offer it.
 enum Capability : uint64_t {
