@@ -229,6 +229,8 @@ IoResult RecvHeader(int fd, FrameHeader *h, int64_t deadline) {
   return DecodeHeader(head, h) ? IoResult::kOk : IoResult::kError;
 }
 
+IoResult WaitReadable(int fd) { return WaitFd(fd, POLLIN, 0); }
+
 IoResult RecvReplyHeader(int fd, FrameHeader *h, int64_t deadline) {
   const IoResult w = WaitFd(fd, POLLIN, deadline);
   return w == IoResult::kOk ? RecvHeader(fd, h, deadline) : w;

@@ -39,6 +39,9 @@ IoResult RecvAll(int fd, void *p, size_t n, int64_t deadline);
 IoResult SendFrame(int fd, uint16_t type, uint32_t status, const void *payload, size_t n, int64_t deadline);
 IoResult SendFrame(int fd, uint16_t type, uint32_t status, const std::string &payload, int64_t deadline);
 IoResult RecvHeader(int fd, FrameHeader *h, int64_t deadline);  // kError on bad magic
+// Waits without a deadline (serving threads, which shutdown() wakes) until `fd` is readable or hung
+// up, spinning first as every read; kError only when poll() fails.
+IoResult WaitReadable(int fd);
 // RecvHeader of the reply to a request this thread just wrote: waits for it (spinning first, as
 // every read) before the first read, which would otherwise fail with EAGAIN and cost a system call.
 IoResult RecvReplyHeader(int fd, FrameHeader *h, int64_t deadline);
