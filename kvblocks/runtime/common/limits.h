@@ -93,7 +93,9 @@ constexpr int64_t kRangesAsyncDeadlineNs = 30 * kSecNs;
 constexpr int64_t kDefaultWaitMs = 1000;  // llm.SyncKvCacheWaitTime
 constexpr int64_t kDefaultSpinUs = 50;    // KVBLOCKS_SPIN_US
 // A thread whose read spin was preempted (the cores are busy with other work) waits in poll()
-// without spinning for this long; then it tries spinning again.
+// without spinning for a while, then tries spinning again: kSpinBackoffMinNs after the first
+// preempted spin, doubling with each further one up to kSpinBackoffNs.
+constexpr int64_t kSpinBackoffMinNs = 1 * kMsNs;
 constexpr int64_t kSpinBackoffNs = 100 * kMsNs;
 
 }  // namespace kvblocks

@@ -39,6 +39,7 @@ int64_t SpinNs() {
 
 thread_local bool t_no_spin = false;
 thread_local int64_t t_spin_off_until = 0;  // this thread saw the machine busy: no spin until then
+thread_local int64_t t_spin_backoff = 0;    // the current back-off; 0 after an unpreempted spin
 
 int64_t ThreadCpuNs() {
   timespec ts;
@@ -47,10 +48,15 @@ int64_t ThreadCpuNs() {
 }
 
 // Polls without sleeping until `until`; true when the fd is ready. A spin that got less than half
-// of its wall time on the CPU was preempted: the cores are busy with other work, where a spinner
-// only delays the thread it waits for (and loses the scheduler's favour for woken sleepers), so
-// this thread stops spinning for kSpinBackoffNs. Between polls the spinner yields: when the peer
-// thread shares its core (loopback), it then runs at once instead of after the spin.
+// of its wall time on the CPU was preempted: either the cores are busy with other work, where a
+// spinner only delays the thread it waits for (and loses the scheduler's favour for woken
+// sleepers), or the peer thread was just woken onto this core. This thread then waits in poll()
+// without spinning for a back-off that starts at kSpinBackoffMinNs and doubles with each further
+// preempted spin up to kSpinBackoffNs; a spin that finds the fd ready unpreempted resets it. A single
+// preempted spin used to cost the full back-off: on two idle cores, wake-ups that place the peer on
+// this core then kept small transfers sleeping (paying a wake-up each) most of the time.
+// Between polls the spinner yields: when the peer thread shares its core (loopback), it then runs at
+// once instead of after the spin.
 bool SpinPoll(int fd, short events, int64_t until, short *revents) {
   const int64_t wall0 = NowNs(), cpu0 = ThreadCpuNs();
   bool ready = false;
@@ -64,7 +70,12 @@ bool SpinPoll(int fd, short events, int64_t until, short *revents) {
     sched_yield();  // the thread we wait for may be queued on this very core
   } while (NowNs() < until);
   const int64_t wall = NowNs() - wall0;
-  if (wall > 20000 && 2 * (ThreadCpuNs() - cpu0) < wall) t_spin_off_until = NowNs() + kSpinBackoffNs;
+  if (wall > 20000 && 2 * (ThreadCpuNs() - cpu0) < wall) {
+    t_spin_backoff = t_spin_backoff == 0 ? kSpinBackoffMinNs : std::min<int64_t>(2 * t_spin_backoff, kSpinBackoffNs);
+    t_spin_off_until = NowNs() + t_spin_backoff;
+  } else if (ready) {
+    t_spin_backoff = 0;
+  }
   return ready;
 }
 
