@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -95,6 +96,12 @@ def main() -> int:
                 for t in range(args.tensors):
                     caches[cmd["which"]].numpy(t)[:] = pattern(args.cluster, t, args.blocks, args.block_bytes)
                 reply({"ok": True})
+            elif op == "fork_child":  # a child that keeps every fd (the link's sockets too), then exits
+                child = os.fork()
+                if child == 0:
+                    time.sleep(cmd["seconds"])
+                    os._exit(0)
+                reply({"child": child})
             elif op == "read":
                 reply({"hex": bytes(caches[cmd["cache"]].tensor(cmd["tensor"])).hex()})
             else:

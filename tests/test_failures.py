@@ -179,6 +179,38 @@ def test_killed_peer_on_shared_memory_path_unlinks():
         peer.close()
 
 
+def test_killed_peer_whose_child_keeps_the_sockets_open_unlinks():
+    # The peer forks a child that inherits the link's sockets, then dies: no FIN ever comes, so only
+    # the peer's pidfd can say it has gone. Shared-memory copies must stop succeeding all the same.
+    port = free_port()
+    peer = Peer(1, listen=f"127.0.0.1:{port}", tensors=2, blocks=4, block_bytes=64)
+    me = kb.LlmDataDist(2, kb.LlmRole.MIX)
+    me.initialize({kb.OPTION_DEVICE_ID: "0"})
+    cache = me.allocate_cache(kb.CacheDesc(2, kb.DataType.DT_UINT8, [4, 64]))
+    child = None
+    try:
+        assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
+        assert "shm" in me.link_path(1)
+        me.pull_kv_blocks(kb.CacheIndex(1, peer.info["alloc"]), cache, [1], [0])
+        child = peer.call(op="fork_child", seconds=60)["child"]
+        os.kill(peer.info["pid"], signal.SIGKILL)
+        peer.proc.wait()
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                me.pull_kv_blocks(kb.CacheIndex(1, peer.info["alloc"]), cache, [1], [0])
+            except kb.LinkError as e:
+                assert e.status_code == kb.Status.LLM_NOT_YET_LINK
+                break
+            assert time.monotonic() < deadline, "pulls from the dead peer's mapping still succeed after 5 s"
+            time.sleep(0.01)
+    finally:
+        if child:
+            os.kill(child, signal.SIGKILL)
+        me.finalize()
+        peer.close()
+
+
 @pytest.mark.parametrize("transport", ["tcp", "auto"])
 def test_finalize_during_transfers_on_other_threads(transport):
     port = free_port()

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The control connection of a link: unlink, cache-gone notices and reverse-channel requests. When
 // it closes, the link is dead on both sides.
+#include <errno.h>
+#include <poll.h>
+
 #include "common/util.h"
 #include "engine/engine.h"
 #include "net/socket.h"
@@ -15,6 +18,19 @@ void MarkGone(struct Link *link, int64_t id) {
   std::unique_lock<std::shared_mutex> g(it->second.live->mu);
   it->second.live->gone = true;
 }
+
+// Waits until the control connection is readable or closed: true. False once the verified same-host
+// peer process has exited (its pidfd is readable): a process that forked may leave its end of the
+// socket open in a child, so the socket alone would not say so. One-sided paths without a pidfd
+// check of their own rely on this (PeerAlive).
+bool WaitCtrl(int fd, int pidfd) {
+  pollfd p[2] = {{fd, POLLIN, 0}, {pidfd, POLLIN, 0}};
+  for (;;) {
+    const int n = poll(p, pidfd >= 0 ? 2 : 1, -1);
+    if (n > 0) return pidfd < 0 || (p[1].revents & POLLIN) == 0;
+    if (n < 0 && errno != EINTR) return true;  // the read below reports the error
+  }
+}
 }  // namespace
 
 void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
@@ -22,6 +38,10 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
   for (;;) {
     FrameHeader h;
     std::string payload;
+    if (!WaitCtrl(fd, link->local.pidfd)) {
+      LogInfo("cluster %llu: its process exited", static_cast<unsigned long long>(link->remote_cluster_id));
+      break;
+    }
     if (RecvHeader(fd, &h, 0) != IoResult::kOk || RecvPayload(fd, h, &payload, NowNs() + kHandshakeNs) != IoResult::kOk)
       break;
     CacheRef ref;

@@ -59,19 +59,24 @@ bool CanAttach(int pid, const PeerIdentity &peer) {
 }
 
 // Checks the peer is still there before and after every one-sided copy: a copy through a dead
-// peer's mapping never reports success.
+// peer's mapping never reports success once this process could know the peer had gone. With
+// `pidfd` (CMA, which addresses the peer by pid: a pid can be reused) each check asks the kernel;
+// otherwise (a mapping we hold, an engine of this process) the link's flag suffices, which the
+// control thread clears as soon as the peer's pidfd or control connection says it exited
+// (CtrlLoop). That saves two system calls (about 1.2 us here) on every small same-host copy.
 class GuardedPath : public Path {
  public:
-  GuardedPath(std::shared_ptr<Path> inner, Link *link) : inner_(std::move(inner)), link_(link) {}
+  GuardedPath(std::shared_ptr<Path> inner, Link *link, bool pidfd)
+      : inner_(std::move(inner)), link_(link), pidfd_(pidfd) {}
   const char *name() const override { return inner_->name(); }
   Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
-    if (!PeerAlive(link_)) {
+    if (!PeerAlive(link_, pidfd_)) {
       link_->Fail();
       return Fail(LLM_NOT_YET_LINK, "cluster %llu has gone (its process exited or its engine finalized)",
                   static_cast<unsigned long long>(link_->remote_cluster_id));
     }
     const Status st = inner_->Execute(plan, local, pull, deadline);
-    if (st == LLM_SUCCESS && !PeerAlive(link_)) {
+    if (st == LLM_SUCCESS && !PeerAlive(link_, pidfd_)) {
       link_->Fail();
       return Fail(LLM_LINK_FAILED, "cluster %llu went away during the transfer",
                   static_cast<unsigned long long>(link_->remote_cluster_id));
@@ -82,7 +87,12 @@ class GuardedPath : public Path {
  private:
   std::shared_ptr<Path> inner_;
   Link *link_;  // owns this path
+  bool pidfd_;
 };
+
+std::shared_ptr<Path> Guarded(std::shared_ptr<Path> p, Link *link, bool pidfd) {
+  return std::make_shared<GuardedPath>(std::move(p), link, pidfd);
+}
 
 std::shared_ptr<Path> PathFor(Link *link, const RemoteCache &rc, bool cma_ok) {
   const uint64_t caps = link->capabilities;
@@ -91,7 +101,7 @@ std::shared_ptr<Path> PathFor(Link *link, const RemoteCache &rc, bool cma_ok) {
     if ((caps & kCapInProcess) && !rc.addrs.empty()) {
       std::vector<uint8_t *> view;
       for (uint64_t a : rc.addrs) view.push_back(reinterpret_cast<uint8_t *>(a));
-      return MakeMemoryPath("inprocess", std::move(view), nullptr);
+      return Guarded(MakeMemoryPath("inprocess", std::move(view), nullptr), link, false);
     }
     return MakeTcpPath(link, rc.id);
   }
@@ -104,10 +114,10 @@ std::shared_ptr<Path> PathFor(Link *link, const RemoteCache &rc, bool cma_ok) {
     if (mapped) {
       std::vector<uint8_t *> view;
       for (uint32_t i = 0; i < rc.num_tensors; ++i) view.push_back(mapped->base + i * rc.memfd.pitch);
-      return MakeMemoryPath("shm", std::move(view), std::move(mapped));
+      return Guarded(MakeMemoryPath("shm", std::move(view), std::move(mapped)), link, false);
     }
   }
-  if (cma_ok && (caps & kCapCma) && !rc.addrs.empty()) return MakeCmaPath(link->local.pid, rc.addrs);
+  if (cma_ok && (caps & kCapCma) && !rc.addrs.empty()) return Guarded(MakeCmaPath(link->local.pid, rc.addrs), link, true);
   return MakeTcpPath(link, rc.id);
 }
 
@@ -149,10 +159,10 @@ bool SameHostHint(const PeerIdentity &me, const PeerIdentity &peer) {
   return memcmp(me.boot_id, peer.boot_id, 16) == 0 && me.netns == peer.netns && me.netns != 0;
 }
 
-bool PeerAlive(const Link *link) {
+bool PeerAlive(const Link *link, bool pidfd) {
   if (!link->alive.load()) return false;
   if (link->same_process) return IsLocalInstance(link->peer.instance);
-  return !ProcessExited(link->local.pidfd);
+  return !pidfd || !ProcessExited(link->local.pidfd);
 }
 
 uint64_t OfferedCapabilities(const std::string &transport) {
@@ -195,9 +205,7 @@ void ChoosePaths(Link *link) {
       kv.second.path = MakeTcpPath(link, kv.second.id);
       continue;
     }
-    std::shared_ptr<Path> p = PathFor(link, kv.second, cma_ok);
-    if (strcmp(p->name(), "tcp") != 0) p = std::make_shared<GuardedPath>(std::move(p), link);
-    kv.second.path = std::move(p);
+    kv.second.path = PathFor(link, kv.second, cma_ok);
   }
   link->local.Release();  // memfds of caches we did not map
 }

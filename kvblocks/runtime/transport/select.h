@@ -31,8 +31,9 @@ bool SameHostHint(const PeerIdentity &me, const PeerIdentity &peer);
 // Sets link->same_host/one_sided and a Path on every remote cache from link->same_process (the
 // verified in-process proof) and link->local (the kernel-verified local exchange).
 void ChoosePaths(Link *link);
-// The link is up and the peer still exists (its pidfd, or its engine in this process).
-bool PeerAlive(const Link *link);
+// The link is up and the peer still exists: its engine in this process, or, with `pidfd`, its
+// process by the kernel's word (without, the link's flag, which CtrlLoop clears when it exits).
+bool PeerAlive(const Link *link, bool pidfd);
 
 }  // namespace kvblocks
 
