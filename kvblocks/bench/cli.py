@@ -31,6 +31,7 @@ Examples:
   kvblocks bench                         # everything (~2 minutes on 2 cores)
   kvblocks bench --case shm --case tcp --json out.json --plot bw.png
   kvblocks bench --case 'shm/small/*' --vs nixl
+  kvblocks bench --against 282f3e1 --case tcp   # this build vs a commit, alternating rounds
 """
 from __future__ import annotations
 
@@ -66,6 +67,10 @@ def _parser():
     ap.add_argument("--no-pairing", action="store_true",
                     help="measure baselines only once instead of interleaved with each case")
     ap.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
+    ap.add_argument("--against", metavar="REF",
+                    help="compare this build with REF (a wheel, a built folder or a git commit) in alternating "
+                         "rounds of small and large shm/cma/tcp pulls and pushes; --case then picks the paths")
+    ap.add_argument("--rounds", type=int, default=8, metavar="N", help="rounds of --against (default 8)")
     return ap
 
 
@@ -132,6 +137,15 @@ def _measure(args, chosen, engines):
     return rows, peer_rows, machine(load_start)
 
 
+def _against(args):
+    from . import against
+    paths = tuple(args.case) or against.PATHS
+    unknown = [p for p in paths if p not in against.PATHS]
+    if unknown or args.rounds < 1:
+        raise SystemExit(f"--against: --case takes {', '.join(against.PATHS)} (got {unknown}); --rounds >= 1")
+    return against.main(args.against, args.rounds, paths, args.quick, args.json, not args.no_progress)
+
+
 def main(argv=None) -> int:
     """Runs the benchmark CLI with ``argv`` (default: sys.argv[1:]); returns the exit status:
     0, 1 when a case moved wrong data, 2 when the bench extra is not installed.
@@ -145,6 +159,8 @@ def main(argv=None) -> int:
     if missing:
         print(f"the benchmarks need {', '.join(missing)}: pip install 'kvblocks[bench]'", file=sys.stderr)
         return 2
+    if args.against:
+        return _against(args)
     cases = all_cases()
     if args.list:
         for c in cases:
