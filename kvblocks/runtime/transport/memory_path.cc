@@ -13,8 +13,16 @@ namespace kvblocks {
 using namespace llm_datadist;  // NOLINT: status constants
 
 // memcpy chunk by chunk (transport/copy_pool.h); the clock is read before every chunk but the
-// first, so a deadline is kept to within one chunk (about 0.1-0.3 ms of memcpy).
+// first, so a deadline is kept to within one chunk (about 0.1-0.3 ms of memcpy). A plan of one
+// chunk (every small call) is copied in place, without cutting it or handing it to the pool.
 Status CopyPlan(const Plan &plan, uint8_t *const *src, uint8_t *const *dst, int64_t deadline) {
+  if (plan.total_bytes() <= kDeadlineCheckBytes) {
+    for (size_t i = 0; i < plan.src_tensors.size(); ++i) {
+      uint8_t *const s = src[plan.src_tensors[i]], *const d = dst[plan.dst_tensors[i]];
+      for (const Segment &g : plan.segs) memcpy(d + g.dst_off, s + g.src_off, g.len);
+    }
+    return LLM_SUCCESS;
+  }
   const Chunking chunks(plan, kDeadlineCheckBytes);
   auto copy = [&](size_t c) -> Status {
     if (deadline != 0 && c != 0 && NowNs() > deadline) return LLM_TIMEOUT;
