@@ -99,8 +99,8 @@ cdef class LlmDataDist:
     cluster_id : int
         Unique id of this participant among everything it links to.
     role : LlmRole
-        PROMPT, DECODER or MIX. Pulls need DECODER or MIX and pushes need PROMPT or MIX, unless
-        the option ``kvblocks.RoleCheck`` is ``"0"``.
+        PROMPT, DECODER or MIX. As in CANN V2 any role may pull and push; with the option
+        ``kvblocks.RoleCheck`` ``"1"`` (CANN V1) pulls need DECODER or MIX and pushes PROMPT or MIX.
     """
 
     def __cinit__(self, uint64_t cluster_id, role):

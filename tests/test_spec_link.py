@@ -148,9 +148,10 @@ def test_case30_set_role_invalid(pair):
 
 def test_case31_set_role_without_enable_option():
     # CANN V1 answers LLM_FEATURE_NOT_ENABLED without OPTION_ENABLE_SET_ROLE="1"; kvblocks follows
-    # V2 (issue 2): SetRole works without it. The new role is the one the runtime enforces: with the
-    # default kvblocks.RoleCheck a Prompt may not pull, a Mix or Decoder may.
-    s = Spec(link=False)
+    # V2 (issue 2): SetRole works without it. The new role is the one the runtime enforces: with
+    # kvblocks.RoleCheck=1 (V1 roles; the default "0" has no role checks) a Prompt may not pull, a
+    # Mix or Decoder may.
+    s = Spec(link=False, decoder_options={kb.OPTION_ROLE_CHECK: "1"})
     try:
         assert s.d.role == kb.LlmRole.DECODER
         s.d.set_role(kb.LlmRole.PROMPT)

@@ -315,9 +315,9 @@ def test_case59_timeout():
 
 @pytest.mark.parametrize("role", [kb.LlmRole.PROMPT])
 def test_case60_pull_role_rejected(role):
-    # kvblocks (seed behaviour, documented): pulls need DECODER or MIX, like CANN V1 for
-    # Prompt. CANN V2 has no role checks.
-    s = Spec(role_d=role)
+    # With kvblocks.RoleCheck=1 (CANN V1 roles, documented) pulls need DECODER or MIX, like CANN V1
+    # for Prompt. CANN V2, the default, has no role checks.
+    s = Spec(role_d=role, decoder_options={kb.OPTION_ROLE_CHECK: "1"})
     try:
         expect(s, S.LLM_PARAM_INVALID, s.pull, [0], [0])
     finally:
@@ -333,8 +333,17 @@ def test_case60_pull_as_mix_allowed():
         s.close()
 
 
+def test_case60_any_role_pulls_by_default():
+    # CANN V2 (the default): pulls do not depend on the role ("与角色无关"); a PROMPT pulls.
+    s = Spec(role_d=kb.LlmRole.PROMPT)
+    try:
+        run_pull(s, [1], [2])
+    finally:
+        s.close()
+
+
 def test_case60_role_check_disabled():
-    # Option kvblocks.RoleCheck = "0" restores CANN V2 behaviour: any role may pull.
+    # Option kvblocks.RoleCheck = "0" (the default) is CANN V2 behaviour: any role may pull.
     s = Spec(role_d=kb.LlmRole.PROMPT, decoder_options={kb.OPTION_ROLE_CHECK: "0"})
     try:
         run_pull(s, [1], [2])

@@ -154,9 +154,9 @@ def test_case73_push_before_link():
 
 
 def test_case74_push_from_decoder_rejected():
-    # kvblocks (seed behaviour, documented): pushes need PROMPT or MIX, as CANN V1 for Decoder.
-    # CANN V2 has no role checks. Here P is made a DECODER.
-    s = Spec(role_p=kb.LlmRole.DECODER)
+    # With kvblocks.RoleCheck=1 (CANN V1 roles, documented) pushes need PROMPT or MIX, as CANN V1
+    # for Decoder. CANN V2, the default, has no role checks. Here P is made a DECODER.
+    s = Spec(role_p=kb.LlmRole.DECODER, prompt_options={kb.OPTION_ROLE_CHECK: "1"})
     try:
         expect(s, S.LLM_PARAM_INVALID, s.push, [0], [0])
     finally:
@@ -165,6 +165,15 @@ def test_case74_push_from_decoder_rejected():
 
 def test_case74_push_as_mix_allowed():
     s = Spec(role_p=kb.LlmRole.MIX)
+    try:
+        run_push(s, [2], [1])
+    finally:
+        s.close()
+
+
+def test_case74_any_role_pushes_by_default():
+    # CANN V2 (the default): a DECODER pushes, as CANN's switch-roles sample does.
+    s = Spec(role_p=kb.LlmRole.DECODER)
     try:
         run_push(s, [2], [1])
     finally:

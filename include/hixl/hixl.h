@@ -5,8 +5,15 @@
 #ifndef KVBLOCKS_HIXL_HIXL_H_
 #define KVBLOCKS_HIXL_HIXL_H_
 
+// What CANN's header brings in through its own includes, which programs written against it use
+// without including themselves (std::cerr, std::string, ...).
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "hixl/hixl_types.h"

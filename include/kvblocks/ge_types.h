@@ -4,8 +4,8 @@
 #define KVBLOCKS_GE_TYPES_H_
 
 #include <cstdint>
+#include <cstddef>
 #include <cstring>
-#include <string>
 
 namespace ge {
 
@@ -14,22 +14,83 @@ using Status = uint32_t;
 
 // A small owning string. Like CANN's AscendString it converts implicitly from const char*,
 // so `options[OPTION_DEVICE_ID] = "0";` compiles unchanged, and it orders for use as a map key.
+//
+// ABI-neutral: it holds a heap char array and its length, never a std::string, and every member
+// is inline, so its layout and behaviour are the same whatever _GLIBCXX_USE_CXX11_ABI a client is
+// built with (CANN's programs use -D_GLIBCXX_USE_CXX11_ABI=0; kvblocks is built with 1). The option
+// maps, vectors and structs of llm_datadist.h and hixl/hixl.h hold only such types, so they cross
+// the library boundary unchanged. Storage is new[]/delete[] of the one global allocator.
 class AscendString {
  public:
-  AscendString() = default;
-  AscendString(const char *name) : str_(name == nullptr ? "" : name) {}  // NOLINT: implicit by design
-  AscendString(const char *name, size_t length) : str_(name == nullptr ? "" : std::string(name, length)) {}
-  const char *GetString() const { return str_.c_str(); }
-  size_t GetLength() const { return str_.size(); }
-  bool operator<(const AscendString &o) const { return str_ < o.str_; }
-  bool operator>(const AscendString &o) const { return str_ > o.str_; }
-  bool operator==(const AscendString &o) const { return str_ == o.str_; }
-  bool operator!=(const AscendString &o) const { return str_ != o.str_; }
-  bool operator<=(const AscendString &o) const { return str_ <= o.str_; }
-  bool operator>=(const AscendString &o) const { return str_ >= o.str_; }
+  AscendString() noexcept = default;
+  AscendString(const char *name) { Assign(name, name == nullptr ? 0U : std::strlen(name)); }  // NOLINT: implicit
+  AscendString(const char *name, size_t length) { Assign(name, name == nullptr ? 0U : length); }
+  AscendString(const AscendString &o) { Assign(o.data_, o.len_); }
+  AscendString(AscendString &&o) noexcept : data_(o.data_), len_(o.len_) {
+    o.data_ = nullptr;
+    o.len_ = 0U;
+  }
+  AscendString &operator=(const AscendString &o) {
+    if (this != &o) {
+      AscendString copy(o);
+      Swap(copy);
+    }
+    return *this;
+  }
+  AscendString &operator=(AscendString &&o) noexcept {
+    if (this != &o) {
+      Release();
+      data_ = o.data_;
+      len_ = o.len_;
+      o.data_ = nullptr;
+      o.len_ = 0U;
+    }
+    return *this;
+  }
+  ~AscendString() { Release(); }
+
+  // Never null: "" when empty. The bytes are followed by a NUL (embedded NULs are kept).
+  const char *GetString() const noexcept { return data_ == nullptr ? "" : data_; }
+  size_t GetLength() const noexcept { return len_; }
+
+  bool operator<(const AscendString &o) const noexcept { return Compare(o) < 0; }
+  bool operator>(const AscendString &o) const noexcept { return Compare(o) > 0; }
+  bool operator==(const AscendString &o) const noexcept { return len_ == o.len_ && Compare(o) == 0; }
+  bool operator!=(const AscendString &o) const noexcept { return !(*this == o); }
+  bool operator<=(const AscendString &o) const noexcept { return Compare(o) <= 0; }
+  bool operator>=(const AscendString &o) const noexcept { return Compare(o) >= 0; }
 
  private:
-  std::string str_;
+  void Assign(const char *s, size_t n) {
+    if (n == 0U) return;
+    data_ = new char[n + 1U];
+    std::memcpy(data_, s, n);
+    data_[n] = '\0';
+    len_ = n;
+  }
+  void Release() noexcept {
+    delete[] data_;
+    data_ = nullptr;
+    len_ = 0U;
+  }
+  void Swap(AscendString &o) noexcept {
+    char *d = data_;
+    data_ = o.data_;
+    o.data_ = d;
+    const size_t n = len_;
+    len_ = o.len_;
+    o.len_ = n;
+  }
+  // Byte-wise, shorter first on a common prefix (as std::string::compare).
+  int Compare(const AscendString &o) const noexcept {
+    const size_t n = len_ < o.len_ ? len_ : o.len_;
+    const int c = n == 0U ? 0 : std::memcmp(data_, o.data_, n);
+    if (c != 0) return c;
+    return len_ < o.len_ ? -1 : (len_ > o.len_ ? 1 : 0);
+  }
+
+  char *data_ = nullptr;
+  size_t len_ = 0U;
 };
 
 // Numeric values follow ge's c_types.h; llm_datadist only reads the element size of each.

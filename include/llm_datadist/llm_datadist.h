@@ -5,9 +5,15 @@
 #ifndef LLM_DATADIST_LLM_DATADIST_H_
 #define LLM_DATADIST_LLM_DATADIST_H_
 
+// What CANN's header brings in through its own includes, which programs written against it use
+// without including themselves.
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 

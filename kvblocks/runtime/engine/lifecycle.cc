@@ -91,7 +91,7 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
     const char *env = getenv("KVBLOCKS_AUTH_TOKEN");
     if (env != nullptr) token = env;
   }
-  bool role_check = true;
+  bool role_check = false;  // CANN V2: transfers do not depend on the role; "1" restores V1 roles
   if (get(OPTION_ROLE_CHECK, &v)) {
     if (v != "0" && v != "1") return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use 0 or 1", OPTION_ROLE_CHECK, v.c_str());
     role_check = v == "1";
