@@ -137,6 +137,19 @@ def test_link_query_pull_unlink_in_process(dd, peer):
         assert e.value.status_code == PI and str(comm_id) in str(e.value)
 
 
+def test_ok_stays_after_the_peer_unlinked_and_unlink_still_succeeds(dd, peer):
+    init(dd, free_port())
+    comm_id = dd.link("comm", {PEER: 0, ME: 1}, rank_table([(0, peer.port), (1, 1)]))
+    assert wait_status(dd, comm_id, RegisterMemStatus.OK) == RegisterMemStatus.OK
+    assert peer.dd.unlink_llm_clusters([kb.ClusterInfo(ME)]) == [kb.Status.LLM_SUCCESS]  # by cluster id
+    deadline = time.monotonic() + 5
+    while dd._engine.link_path(PEER) != "" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert dd._engine.link_path(PEER) == ""
+    assert dd.query_register_mem_status(comm_id) == RegisterMemStatus.OK
+    dd.unlink(comm_id)
+
+
 def test_comm_ids_are_unique_and_query_reports_failed(dd):
     init(dd, free_port(), link_total_time=1)
     dead = free_port()  # nothing listens there

@@ -91,6 +91,8 @@ def run(role: str, ports: List[int], sync_dir: str) -> None:
     assert isinstance(comm_id, int) and comm_id > 0, comm_id
     wait_linked(datadist, comm_id)
     logging.info("[%s] linked, comm id %d", role, comm_id)
+    signal(sync_dir, f"{role}_linked")
+    wait_for(sync_dir, "decoder_linked" if is_prompt else "prompt_linked")
 
     if is_prompt:
         wait_for(sync_dir, "decoder_unlinked")

@@ -383,21 +383,15 @@ class LLMDataDist:
         return g
 
     def query_register_mem_status(self, comm_id: int) -> RegisterMemStatus:
-        """``OK`` once every other member is linked (and still is), ``PREPARING`` while linking,
-        ``FAILED`` when linking gave up (deadline ``llm.LinkTotalTime``) or a member's link is gone."""
-        engine = self._require_init()
+        """``PREPARING`` while members are being linked, ``OK`` once every other member was linked
+        (it stays OK until :meth:`unlink`: a link lost later shows in transfers, as
+        ``LLM_NOT_YET_LINK``), ``FAILED`` when linking gave up (deadline ``llm.LinkTotalTime``, or a
+        refusal)."""
+        self._require_init()
         g = self._group(comm_id)
         if g.error is not None:
             return RegisterMemStatus.FAILED
-        if not g.done:
-            return RegisterMemStatus.PREPARING
-        for cid, _, _ in g.members:
-            try:
-                if engine.link_path(cid) == "":
-                    return RegisterMemStatus.FAILED
-            except _kb.LLMException:  # a build against CANN's runtime has no link_path
-                break
-        return RegisterMemStatus.OK
+        return RegisterMemStatus.OK if g.done else RegisterMemStatus.PREPARING
 
     def unlink(self, comm_id: int) -> None:
         """Unlinks every member of the rank-table group ``comm_id`` (a member that another group
