@@ -410,10 +410,10 @@ def test_case90_register_cache_checks(dd):
         cm.register_cache(CacheDesc(1, SHAPE, DataType.DT_INT32), [])
     with pytest.raises(TypeError):
         cm.register_cache(CacheDesc(1, SHAPE, DataType.DT_INT32), [1], remote_accessible=1)
-    # rank-table link() is not supported; the flag it sets is still honoured by register_cache
+    # after a rank-table link(), remote_accessible=True is refused (tests/test_compat_rank_table.py links)
     with pytest.raises(LLMException) as e:
         dd.link("comm", {1: 0, 2: 1}, "{}")
-    assert e.value.status_code == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
+    assert e.value.status_code == PI and "rank_table" in str(e.value)
     dd._rank_linked = True
     with pytest.raises(LLMException):
         cm.register_cache(CacheDesc(1, SHAPE, DataType.DT_INT32), [1], remote_accessible=True)

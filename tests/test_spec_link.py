@@ -53,10 +53,19 @@ def test_case24_remote_ip_info_count(pair):
     assert pair.d.link_path(1) == ""
 
 
-def test_case24_non_force_unlink_needs_one_remote_ip(pair):
+def test_case24_non_force_unlink_by_cluster_id_alone(pair):
+    # kvblocks keys links by cluster id: like CANN's hixl backend, a non-force unlink needs no
+    # remote_ip_info (CANN V2 needs exactly 1); two stay PARAM_INVALID and leave the link alone.
     pair.link()
+    remote = kb.IpInfo("127.0.0.1", pair.port)
+    assert pair.d.unlink_llm_clusters([kb.ClusterInfo(1, 0, [], [remote, remote])]) == [S.LLM_PARAM_INVALID]
+    assert pair.d.link_path(1) != ""
     assert pair.d.unlink_llm_clusters([kb.ClusterInfo(1, 0, [kb.IpInfo("127.0.0.1", 0)], [])]) == \
-        [S.LLM_PARAM_INVALID]
+        [S.LLM_SUCCESS]
+    assert pair.d.link_path(1) == ""
+    # The peer was told (a non-force unlink): its side is gone too, so it may link again.
+    assert pair.d.unlink_llm_clusters([kb.ClusterInfo(1)]) == [S.LLM_SUCCESS]
+    pair.link()
 
 
 @pytest.mark.parametrize("ip", ["", "localhost", "1.2.3", "999.1.1.1", "::1"])

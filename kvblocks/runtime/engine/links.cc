@@ -376,9 +376,12 @@ Status Impl::Link(const std::vector<ClusterInfo> &clusters, std::vector<Status> 
   return EachCluster(clusters, rets, timeout_ms, true, [&](const ClusterInfo &c) { return LinkOne(c, timeout_ms); });
 }
 
+// Links are keyed by cluster id, so remote_cluster_id alone names the link to drop (CANN's hixl
+// backend unlinks that way); the address, if given, is not used. CANN V2 needs exactly one
+// remote_ip_info for a non-force unlink: kvblocks accepts none or one, and more stays PARAM_INVALID.
 Status Impl::UnlinkOne(const ClusterInfo &ci, int32_t timeout_ms, bool force) {
-  if (!force && ci.remote_ip_infos.size() != 1)
-    return Fail(LLM_PARAM_INVALID, "cluster %llu: %zu remote_ip_infos (needs exactly 1)",
+  if (!force && ci.remote_ip_infos.size() > 1)
+    return Fail(LLM_PARAM_INVALID, "cluster %llu: %zu remote_ip_infos (at most 1)",
                 static_cast<unsigned long long>(ci.remote_cluster_id), ci.remote_ip_infos.size());
   auto link = links_.Find(ci.remote_cluster_id);
   if (!link) return LLM_SUCCESS;
