@@ -135,6 +135,20 @@ void Link::AddRequesterChannel(int fd) {
   cv.notify_all();
 }
 
+RemoteCache *Link::FindCache(int64_t id) {
+  auto it = caches.find(id);
+  if (it != caches.end()) return &it->second;
+  std::shared_lock<std::shared_mutex> g(late_mu);
+  auto lt = late.find(id);
+  return lt == late.end() ? nullptr : &lt->second;
+}
+
+bool Link::Shown(int64_t id) {
+  if (shown.count(id) != 0) return true;
+  std::shared_lock<std::shared_mutex> g(late_mu);
+  return late_shown.count(id) != 0;
+}
+
 const char *Link::PathName() const {
   if (ucx && !one_sided) return "ucx";
   if (!one_sided) return "tcp";

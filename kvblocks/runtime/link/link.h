@@ -65,8 +65,17 @@ struct Link {
   bool same_host = false;     // verified: same_process or local.pid
   bool one_sided = false;  // some cache is reached without the peer (memcpy, CMA)
   std::shared_ptr<UcxPeer> ucx;  // the UCP endpoint when some cache is reached over UCX
-  std::map<int64_t, RemoteCache> caches;
+  std::map<int64_t, RemoteCache> caches;  // immutable once the link is registered: read without locks
   std::set<int64_t> shown;  // our cache ids in the table the peer got (set before the link is used)
+  // Caches the peer registered after linking, learned one at a time on first use (CACHE_QUERY,
+  // engine/late.cc) and reached over TCP only. Never removed while the link lives, so a
+  // `RemoteCache *` into `late` stays valid for as long as the link is held (map nodes are stable).
+  std::shared_mutex late_mu;
+  std::map<int64_t, RemoteCache> late;   // guarded by late_mu
+  std::set<int64_t> late_shown;          // guarded by late_mu: our caches the peer learned by CACHE_QUERY
+  // Link-time table first (no lock), then `late` (shared lock); never asks the peer.
+  RemoteCache *FindCache(int64_t id);
+  bool Shown(int64_t id);  // `shown` or `late_shown`
   ChannelOpener open_channel;  // opener side: connects and authenticates one more channel
   // Address-based transfers (engine/ranges.cc): `caches` sorted by announced address, built once.
   std::once_flag by_addr_once;
@@ -86,6 +95,13 @@ struct Link {
   std::set<int64_t> gone_acked;  // our cache ids the peer confirmed it stopped using
   uint64_t notify_seq = 0;                    // NOTIFYs we sent
   std::map<uint64_t, uint32_t> notify_acks;  // their NOTIFY_ACK statuses, until the sender takes them
+  // CACHE_QUERYs in flight, by cache id: the answer's status (kLatePending until it comes) and the
+  // callers waiting for it; the last to leave erases it, so an answer nobody waits for is dropped.
+  struct LateQuery {
+    uint32_t status;
+    int waiters = 0;
+  };
+  std::map<int64_t, LateQuery> late_queries;
   std::mutex ctrl_write_mu;
 
   void AddFd(int fd);
