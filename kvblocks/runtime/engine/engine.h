@@ -211,7 +211,7 @@ class Impl {
   // late.cc: caches the peer registered after linking (CACHE_QUERY / CACHE_INFO)
   Status FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t cache_id, int64_t deadline,
                         const struct RemoteCache **out);
-  void AnswerCacheQuery(struct Link *link, int64_t cache_id);
+  void AnswerCacheQuery(struct Link *link, const std::string &payload);
   void OnCacheInfo(struct Link *link, const std::string &payload);
   // links.cc: the UCX transport (transport/ucx_path.h)
   std::shared_ptr<UcxContext> Ucx(std::string *why);  // this engine's worker, made on first need

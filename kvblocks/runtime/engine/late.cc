@@ -29,13 +29,14 @@ Status Impl::FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t ca
     return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld (as of linking; its kvblocks cannot be "
                 "asked about caches registered later)", peer, id);
   std::unique_lock<std::mutex> g(link->mu);
-  auto ins = link->late_queries.emplace(cache_id, Link::LateQuery{kLatePending, 0});
+  auto ins = link->late_queries.emplace(cache_id, Link::LateQuery{0, kLatePending, 0});
   Link::LateQuery &q = ins.first->second;  // not erased while we wait on it (waiters > 0)
   ++q.waiters;
   if (ins.second) {
     // The first caller asks; later ones for the same id wait for the same answer.
+    q.seq = ++link->late_seq;
     std::string ref;
-    Encode(CacheRef{cache_id}, &ref);
+    Encode(CacheQuery{cache_id, q.seq}, &ref);
     g.unlock();
     const bool sent = link->SendCtrl(kCacheQuery, deadline, ref);
     g.lock();
@@ -64,9 +65,13 @@ Status Impl::FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t ca
 // The peer asks for one of our caches. Answered with what the link-time table would say of it now,
 // or with none for a cache that is unknown or being unregistered. The table lock is held until the
 // answer is sent, so an unregister's CACHE_GONE to this peer (RemoveCacheHeld) follows the answer.
-void Impl::AnswerCacheQuery(struct Link *link, int64_t cache_id) {
+void Impl::AnswerCacheQuery(struct Link *link, const std::string &payload) {
+  CacheQuery q;
+  if (!Decode(payload, &q)) return;  // malformed: nothing to answer
+  const int64_t cache_id = q.cache_id;
   CacheInfo info;
   info.cache_id = cache_id;
+  info.seq = q.seq;
   std::shared_lock<std::shared_mutex> lk(state_mu_, std::try_to_lock);
   std::shared_lock<std::shared_timed_mutex> table_hold(table_mu_, std::defer_lock);
   if (lk.owns_lock() && initialized()) {
@@ -98,7 +103,8 @@ void Impl::OnCacheInfo(struct Link *link, const std::string &payload) {
     return;
   }
   auto it = link->late_queries.find(info.cache_id);
-  if (it == link->late_queries.end() || it->second.status != kLatePending) return;  // not asked (or no longer)
+  if (it == link->late_queries.end() || it->second.seq != info.seq || it->second.status != kLatePending)
+    return;  // not asked (or no longer)
   if (!info.found) {
     it->second.status = LLM_KV_CACHE_NOT_EXIST;
   } else {

@@ -109,8 +109,8 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
       OnKeyConsumed(link, payload);
     } else if (h.type == kKeyReleased) {
       OnKeyReleased(link.get(), payload);
-    } else if (h.type == kCacheQuery && Decode(payload, &ref)) {
-      AnswerCacheQuery(link.get(), ref.cache_id);
+    } else if (h.type == kCacheQuery) {
+      AnswerCacheQuery(link.get(), payload);
     } else if (h.type == kCacheInfo) {
       OnCacheInfo(link.get(), payload);
     }

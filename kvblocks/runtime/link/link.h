@@ -95,13 +95,16 @@ struct Link {
   std::set<int64_t> gone_acked;  // our cache ids the peer confirmed it stopped using
   uint64_t notify_seq = 0;                    // NOTIFYs we sent
   std::map<uint64_t, uint32_t> notify_acks;  // their NOTIFY_ACK statuses, until the sender takes them
-  // CACHE_QUERYs in flight, by cache id: the answer's status (kLatePending until it comes) and the
-  // callers waiting for it; the last to leave erases it, so an answer nobody waits for is dropped.
+  // CACHE_QUERYs in flight, by cache id: the query's seq, the answer's status (kLatePending until
+  // it comes) and the callers waiting for it; the last to leave erases it, so an answer nobody
+  // waits for is dropped.
   struct LateQuery {
+    uint64_t seq;
     uint32_t status;
     int waiters = 0;
   };
   std::map<int64_t, LateQuery> late_queries;
+  uint64_t late_seq = 0;  // CACHE_QUERYs we sent
   std::mutex ctrl_write_mu;
 
   void AddFd(int fd);
