@@ -210,7 +210,7 @@ class Impl {
   void OnKeyReleased(struct Link *link, const std::string &payload);
   // late.cc: caches the peer registered after linking (CACHE_QUERY / CACHE_INFO)
   Status FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t cache_id, int64_t deadline,
-                        const struct RemoteCache **out);
+                        std::shared_ptr<struct RemoteCache> *out);
   void AnswerCacheQuery(struct Link *link, const std::string &payload);
   void OnCacheInfo(struct Link *link, const std::string &payload);
   // links.cc: the UCX transport (transport/ucx_path.h)

@@ -82,7 +82,7 @@ Status Impl::ReleaseRemoteKey(uint64_t cluster_id, int64_t cache_id, int64_t key
   if (!initialized()) return Fail(LLM_FAILED, "the engine is not initialized");
   auto link = links_.FindAlive(cluster_id);
   if (!link) return Fail(LLM_NOT_YET_LINK, "not linked to cluster %llu", static_cast<unsigned long long>(cluster_id));
-  RemoteCache *rc = link->FindCache(cache_id);  // link-time, or learned since (engine/late.cc)
+  std::shared_ptr<RemoteCache> rc = link->FindCache(cache_id);  // link-time, or learned since (engine/late.cc)
   if (rc == nullptr || key < 0)
     return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld known to this link",
                 static_cast<unsigned long long>(cluster_id), static_cast<long long>(cache_id));
@@ -117,7 +117,7 @@ void Impl::OnKeyConsumed(const std::shared_ptr<struct Link> &link, const std::st
 void Impl::OnKeyReleased(struct Link *link, const std::string &payload) {
   KeyRef ref;
   if (!Decode(payload, &ref)) return;
-  RemoteCache *rc = link->FindCache(ref.cache_id);
+  std::shared_ptr<RemoteCache> rc = link->FindCache(ref.cache_id);
   if (rc == nullptr) return;
   const auto &bk = rc->batch_keys;
   if (std::find(bk.begin(), bk.end(), ref.key) == bk.end()) return;  // only keys it showed us

@@ -4,7 +4,8 @@
 // for once over the link's (authenticated) control connection: CACHE_QUERY, answered by one table
 // entry or none in CACHE_INFO, decoded with the link-time table's checks. The entry is added to the
 // link (Link::late) and reached over TCP, whose serving side checks every request against its own
-// cache table: nothing the answer says is trusted for a one-sided copy.
+// cache table: nothing the answer says is trusted for a one-sided copy. A link keeps at most
+// kMaxLateCaches of them (Link::AddLate); transfers hold theirs by shared_ptr.
 #include "common/error.h"
 #include "common/util.h"
 #include "engine/engine.h"
@@ -20,7 +21,7 @@ constexpr uint32_t kLateMalformed = 0xFFFFFFFEU;
 }  // namespace
 
 Status Impl::FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t cache_id, int64_t deadline,
-                            const RemoteCache **out) {
+                            std::shared_ptr<RemoteCache> *out) {
   const unsigned long long peer = link->remote_cluster_id;
   const long long id = static_cast<long long>(cache_id);
   if (cache_id <= 0) return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld", peer, id);
@@ -29,7 +30,7 @@ Status Impl::FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t ca
     return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld (as of linking; its kvblocks cannot be "
                 "asked about caches registered later)", peer, id);
   std::unique_lock<std::mutex> g(link->mu);
-  auto ins = link->late_queries.emplace(cache_id, Link::LateQuery{0, kLatePending, 0});
+  auto ins = link->late_queries.emplace(cache_id, Link::LateQuery{0, kLatePending, 0, nullptr});
   Link::LateQuery &q = ins.first->second;  // not erased while we wait on it (waiters > 0)
   ++q.waiters;
   if (ins.second) {
@@ -48,10 +49,11 @@ Status Impl::FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t ca
     link->cv.wait_for(g, std::chrono::nanoseconds(left));
   }
   const uint32_t st = q.status;
+  *out = q.entry;
   const bool alive = link->alive.load();
   if (--q.waiters == 0) link->late_queries.erase(cache_id);
   g.unlock();
-  if (st == LLM_SUCCESS && (*out = link->FindCache(cache_id)) != nullptr) return LLM_SUCCESS;
+  if (st == LLM_SUCCESS && *out != nullptr) return LLM_SUCCESS;
   if (st == kLatePending && alive)
     return Fail(LLM_TIMEOUT, "cluster %llu did not say within llm.SyncKvCacheWaitTime=%lld ms whether it has cache %lld",
                 peer, static_cast<long long>(wait_time_ms_), id);
@@ -63,8 +65,10 @@ Status Impl::FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t ca
 }
 
 // The peer asks for one of our caches. Answered with what the link-time table would say of it now,
-// or with none for a cache that is unknown or being unregistered. The table lock is held until the
-// answer is sent, so an unregister's CACHE_GONE to this peer (RemoveCacheHeld) follows the answer.
+// or with none for a cache that is unknown or being unregistered. The table lock is held while the
+// entry is read (SetBatchKeys), not while it is sent: a peer that stops reading must not delay an
+// unregister. An answer that crosses an unregister is harmless: the peer reaches the cache over TCP
+// only, and we serve no request for a removed cache.
 void Impl::AnswerCacheQuery(struct Link *link, const std::string &payload) {
   CacheQuery q;
   if (!Decode(payload, &q)) return;  // malformed: nothing to answer
@@ -72,18 +76,22 @@ void Impl::AnswerCacheQuery(struct Link *link, const std::string &payload) {
   CacheInfo info;
   info.cache_id = cache_id;
   info.seq = q.seq;
-  std::shared_lock<std::shared_mutex> lk(state_mu_, std::try_to_lock);
+  // No state_mu_: Finalize may hold it while it waits for this thread. The registry has its own lock.
   std::shared_lock<std::shared_timed_mutex> table_hold(table_mu_, std::defer_lock);
-  if (lk.owns_lock() && initialized()) {
+  if (initialized()) {
     table_hold.lock();
     auto e = cache_id > 0 ? caches_.Find(cache_id) : nullptr;
     if (e && !e->closing.load()) {
       info.found = true;
       info.entry = e->Describe();
       std::unique_lock<std::shared_mutex> g(link->late_mu);
+      if (link->late_shown.size() >= kMaxLateCaches)  // forget those since unregistered
+        for (auto it = link->late_shown.begin(); it != link->late_shown.end();)
+          it = caches_.Find(*it) ? std::next(it) : link->late_shown.erase(it);
       link->late_shown.insert(cache_id);
     }
   }
+  if (table_hold.owns_lock()) table_hold.unlock();
   std::string out;
   Encode(info, &out);
   link->SendCtrl(kCacheInfo, NowNs() + kSecNs, out);
@@ -114,15 +122,11 @@ void Impl::OnCacheInfo(struct Link *link, const std::string &payload) {
     e.ucx_worker.clear();
     e.ucx_rkeys.clear();
     e.ucx_key_of.clear();
-    RemoteCache rc(std::move(e));
-    rc.path = MakeTcpPath(link, info.cache_id);
-    std::unique_lock<std::shared_mutex> w(link->late_mu);
-    if (link->late.size() >= kMaxTableCaches) {
-      it->second.status = kLateMalformed;
-    } else {
-      link->late.emplace(info.cache_id, std::move(rc));
-      it->second.status = LLM_SUCCESS;
-    }
+    auto rc = std::make_shared<RemoteCache>(std::move(e));
+    rc->path = MakeTcpPath(link, info.cache_id);
+    link->AddLate(rc);
+    it->second.entry = std::move(rc);
+    it->second.status = LLM_SUCCESS;
   }
   link->cv.notify_all();
 }

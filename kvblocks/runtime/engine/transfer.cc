@@ -120,8 +120,11 @@ Status Impl::FindRemote(Transfer *t, int64_t cache_id) {
     t->remote = &it->second;
   } else {
     // Not in the link-time table: registered later (asked once, then kept), or unknown.
-    const Status st = FindLateRemote(t->link, cache_id, t->deadline, &t->remote);
+    std::shared_ptr<RemoteCache> rc;
+    const Status st = FindLateRemote(t->link, cache_id, t->deadline, &rc);
     if (st != LLM_SUCCESS) return st;
+    t->remote = rc.get();
+    t->remote_hold = std::move(rc);
   }
   t->remote_use.reset(new RemoteUse(*t->remote));
   if (t->remote_use->ok) return LLM_SUCCESS;
@@ -377,7 +380,7 @@ Status Impl::ResolvePiece(const Transfer &base, const LayerPiece &pc, int64_t *c
                           uint64_t *base_off) {
   const auto &caches = base.link->caches;
   if (pc.dst_cache_id > 0) {
-    const RemoteCache *rc;
+    std::shared_ptr<RemoteCache> rc;
     const Status st = FindLateRemote(base.link, pc.dst_cache_id, base.deadline, &rc);  // link-time ones too
     if (st != LLM_SUCCESS) return st;
     if (pc.dst_tensor >= rc->num_tensors)
@@ -512,7 +515,7 @@ Status Impl::DescribeRemoteCache(uint64_t cluster_id, int64_t cache_id, RemoteCa
   Transfer t;
   Status st;
   if ((st = FindLink(&t, cluster_id)) != LLM_SUCCESS) return st;
-  const RemoteCache *found;
+  std::shared_ptr<RemoteCache> found;
   if ((st = FindLateRemote(t.link, cache_id, NowNs() + wait_time_ms_ * kMsNs, &found)) != LLM_SUCCESS) return st;
   const RemoteCache &rc = *found;
   out->cache_id = rc.id;

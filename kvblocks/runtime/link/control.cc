@@ -14,10 +14,12 @@ namespace kvblocks {
 namespace {
 // The peer unregistered one of its caches: wait for our one-sided copies of it, then stop using it.
 void MarkGone(struct Link *link, int64_t id) {
-  RemoteCache *rc = link->FindCache(id);  // link-time or learned later (CACHE_QUERY)
+  std::shared_ptr<RemoteCache> rc = link->FindCache(id);  // link-time or learned later (CACHE_QUERY)
   if (rc == nullptr) return;
   std::unique_lock<std::shared_mutex> g(rc->live->mu);
   rc->live->gone = true;
+  g.unlock();
+  link->ForgetLate(id);  // a late one: transfers holding it see it gone; later calls ask again
 }
 
 // Waits until the control connection is readable or closed: true. False once the verified same-host

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -68,13 +69,18 @@ struct Link {
   std::map<int64_t, RemoteCache> caches;  // immutable once the link is registered: read without locks
   std::set<int64_t> shown;  // our cache ids in the table the peer got (set before the link is used)
   // Caches the peer registered after linking, learned one at a time on first use (CACHE_QUERY,
-  // engine/late.cc) and reached over TCP only. Never removed while the link lives, so a
-  // `RemoteCache *` into `late` stays valid for as long as the link is held (map nodes are stable).
+  // engine/late.cc) and reached over TCP only. At most kMaxLateCaches: the oldest is forgotten
+  // (asked for again when next used), and one the peer unregistered (CACHE_GONE) at once. A
+  // transfer holds its entry by shared_ptr, so forgetting one never pulls it from under a transfer.
   std::shared_mutex late_mu;
-  std::map<int64_t, RemoteCache> late;   // guarded by late_mu
-  std::set<int64_t> late_shown;          // guarded by late_mu: our caches the peer learned by CACHE_QUERY
-  // Link-time table first (no lock), then `late` (shared lock); never asks the peer.
-  RemoteCache *FindCache(int64_t id);
+  std::map<int64_t, std::shared_ptr<RemoteCache>> late;  // guarded by late_mu
+  std::deque<int64_t> late_order;                         // guarded by late_mu: `late`'s ids, oldest first
+  std::set<int64_t> late_shown;  // guarded by late_mu: our caches the peer learned by CACHE_QUERY
+  // Link-time table first (no lock; a pointer that does not own: valid while the link is held),
+  // then `late` (shared lock); never asks the peer. Null when neither has it.
+  std::shared_ptr<RemoteCache> FindCache(int64_t id);
+  void AddLate(std::shared_ptr<RemoteCache> rc);  // under late_mu: makes room first
+  std::shared_ptr<RemoteCache> ForgetLate(int64_t id);  // removes it from `late`; returns it
   bool Shown(int64_t id);  // `shown` or `late_shown`
   ChannelOpener open_channel;  // opener side: connects and authenticates one more channel
   // Address-based transfers (engine/ranges.cc): `caches` sorted by announced address, built once.
@@ -102,6 +108,7 @@ struct Link {
     uint64_t seq;
     uint32_t status;
     int waiters = 0;
+    std::shared_ptr<RemoteCache> entry;  // the answer's, when found
   };
   std::map<int64_t, LateQuery> late_queries;
   uint64_t late_seq = 0;  // CACHE_QUERYs we sent
