@@ -148,3 +148,17 @@ def test_a_late_cache_unregistered_on_the_peer_is_not_found(linked, used_first):
             call()
     assert me.link_path(1) != ""  # the link stays up
     me.pull_kv_blocks(kb.CacheIndex(1, peer.info["alloc"]), mine, [3], [3])
+
+
+def test_layer_wise_push_to_a_late_cache(linked):
+    _, peer, me, mine, _ = linked
+    cid = late(peer, name="lw", seed=32)
+    with me.open_layer_push(mine, kb.CacheIndex(1, cid), [0, 2], [5, 6]) as lp:
+        for layer in range(lp.num_layers):
+            lp.layer_ready(layer)
+    assert lp.status == kb.Status.LLM_SUCCESS
+    for t in range(TENSORS):
+        got = peer.read("lw", t).reshape(BLOCKS, BB)
+        assert np.array_equal(got[5], pattern(2, t, BLOCKS, BB)[0])
+        assert np.array_equal(got[6], pattern(2, t, BLOCKS, BB)[2])
+        assert np.array_equal(got[:5], pattern(32, t, BLOCKS, BB)[:5])
