@@ -12,6 +12,16 @@ HELLO, CHALLENGE, AUTH, HELLO_ACK, CONFIRM, CONFIRM_ACK, BIND, LINK_INFO = 1, 2,
 UNLINK, UNLINK_ACK, OPEN_REVERSE, REVERSE_REFUSED = 10, 11, 12, 15
 FLAG_CROSSING = 2
 READ_REQ, READ_RESP, WRITE_REQ, WRITE_READY, WRITE_DONE, ERROR = 20, 21, 22, 23, 24, 30
+CACHE_QUERY, CACHE_INFO = 25, 26
+CAP_CACHE_QUERY = 32
+TABLE_ENTRY = struct.Struct("<qBqIQQQQH")  # id, kind, key, num_tensors, tensor_bytes, num_blocks, batch, stride, n_desc
+
+
+def table_entry(cache_id, num_tensors=1, tensor_bytes=64, num_blocks=1, batch_size=1, stride=64, kind=0, key=-1,
+                descriptors=b"", n_desc=0):
+    """One cache-table entry (docs/protocol.md), with whatever sizes the caller makes up."""
+    return TABLE_ENTRY.pack(cache_id, kind, key, num_tensors, tensor_bytes, num_blocks, batch_size, stride,
+                            n_desc) + descriptors
 
 
 def recv_exact(s, n):
@@ -101,9 +111,9 @@ def handshake(port, kind, cluster_id, token=b"\0" * 16, info=None, ip="127.0.0.1
     return s, status, payload
 
 
-def open_link(port, cluster_id=77):
+def open_link(port, cluster_id=77, caps=CAP_TCP):
     """Control handshake with a made-up identity and no caches; returns (ctrl socket, link token)."""
-    ctrl, status, payload = handshake(port, 1, cluster_id)
+    ctrl, status, payload = handshake(port, 1, cluster_id, info=link_info(cluster_id, caps=caps))
     assert status == 0
     token = payload[8:24]  # LINK_INFO: cluster_id u64, link_token[16], link info, proof
     send_frame(ctrl, CONFIRM, struct.pack("<qB", 0, 0))

@@ -5,7 +5,8 @@ Run as ``python tests/peer.py --cluster 1 --listen 127.0.0.1:PORT``. It allocate
 ("alloc", shared memory) and registers one made of numpy arrays ("reg"), fills both with a
 pattern that encodes (cluster, tensor, block), prints ``{"ready": ..., "alloc": id, "reg": id}``
 and then answers commands such as ``{"op": "link", ...}``, ``{"op": "pull", ...}``,
-``{"op": "digest"}`` and ``{"op": "exit"}`` one line each.
+``{"op": "digest"}``, ``{"op": "alloc", "name": ..., "seed": ...}`` (another cache, after the
+link say) and ``{"op": "exit"}`` one line each.
 """
 import argparse
 import hashlib
@@ -89,6 +90,12 @@ def main() -> int:
                 else:
                     dd.push_kv_blocks(local, idx, cmd["src"], cmd["dst"])
                 reply({"ok": True})
+            elif op == "alloc":  # another cache (after the link, say), filled with `seed`'s pattern
+                c = dd.allocate_cache(desc)
+                for t in range(args.tensors):
+                    c.numpy(t)[:] = pattern(cmd["seed"], t, args.blocks, args.block_bytes)
+                caches[cmd["name"]] = c
+                reply({"cache": c.cache_id})
             elif op == "unregister":
                 dd.unregister_kv_cache(caches.pop(cmd["cache"]))
                 reply({"ok": True})

@@ -9,8 +9,9 @@ import pytest
 
 import kvblocks as kb
 from conftest import cluster, free_port
-from hostile import (ERROR, READ_REQ, READ_RESP, WRITE_DONE, WRITE_READY, WRITE_REQ, handshake, open_link,
-                     recv_frame, request, send_frame)
+from hostile import (CACHE_INFO, CACHE_QUERY, CAP_CACHE_QUERY, CAP_TCP, ERROR, READ_REQ, READ_RESP, TABLE_ENTRY,
+                     WRITE_DONE, WRITE_READY, WRITE_REQ, handshake, open_link, recv_frame, request, send_frame,
+                     table_entry)
 from peer import pattern
 from procs import Peer
 
@@ -172,3 +173,136 @@ def test_a_real_decoder_still_works_after_the_attack(victim):
         assert np.array_equal(dst.numpy(2)[0], pattern(1, 2, BLOCKS, BB)[3])
     finally:
         me.finalize()
+
+
+# ---------------------------------------------------------------- CACHE_QUERY answers (issue 31)
+@pytest.fixture
+def asker():
+    """A real engine (the peer process) linked to a fake opener that says it answers CACHE_QUERY."""
+    port = free_port()
+    peer = Peer(1, listen=f"127.0.0.1:{port}", tensors=TENSORS, blocks=BLOCKS, block_bytes=BB, wait_ms=500)
+    ctrl, _ = open_link(port, caps=CAP_TCP | CAP_CACHE_QUERY)
+    before = peer.digest()
+    yield peer, port, ctrl
+    ctrl.close()
+    assert peer.proc.poll() is None, "the asking process must survive"
+    assert peer.digest() == before, "no cache byte may change"
+    peer.close()
+
+
+def _pull_from_fake(peer, cache_id):
+    peer.send(op="pull", cluster=77, remote_cache=cache_id, local="alloc", src=[0], dst=[0])
+
+
+def _next_query(ctrl, timeout=5.0):
+    """(cache id, seq) of the next CACHE_QUERY on the fake's control connection."""
+    ctrl.settimeout(timeout)
+    while True:
+        t, _, payload = recv_frame(ctrl)
+        if t == CACHE_QUERY:
+            return struct.unpack("<qQ", payload)
+
+
+def _info(cache_id, seq, count, entries=b""):
+    return struct.pack("<qQI", cache_id, seq, count) + entries
+
+
+GOOD_SIZES = dict(num_tensors=TENSORS, tensor_bytes=TB, num_blocks=BLOCKS, batch_size=BLOCKS, stride=BB)
+
+
+@pytest.mark.parametrize("answer", [
+    lambda q: b"\xff" * 7,                                                          # garbage
+    lambda q: _info(5, q, 1, table_entry(6, **GOOD_SIZES)),                         # another id
+    lambda q: _info(5, q, 2, table_entry(5, **GOOD_SIZES) * 2),                     # two entries
+    lambda q: _info(5, q, 0xFFFFFFFF),                                              # huge count
+    lambda q: _info(5, q, 1, table_entry(5, num_tensors=1, tensor_bytes=64, num_blocks=2, stride=64)),  # overrun
+    lambda q: _info(5, q, 1, table_entry(5, num_tensors=0)),                        # no tensors
+    lambda q: _info(5, q, 1, table_entry(5, num_tensors=(1 << 20) + 1)),           # too many tensors
+    lambda q: _info(5, q, 1, table_entry(5, **GOOD_SIZES, n_desc=1,
+                                         descriptors=struct.pack("<BI", 2, 1 << 31))),  # descriptor overrun
+    lambda q: _info(5, q, 1, table_entry(5, **GOOD_SIZES, n_desc=1,
+                                         descriptors=struct.pack("<BI", 2, 8) + bytes(8))),  # 1 address, 4 tensors
+    lambda q: _info(5, q, 0) + b"x",                                                # trailing bytes
+    lambda q: _info(5, q, 0),                                                       # an honest "no such cache"
+], ids=["garbage", "other-id", "two", "huge-count", "overrun", "no-tensors", "many-tensors", "desc-overrun",
+        "addr-count", "trailing", "not-found"])
+def test_a_bad_cache_info_answer_fails_the_call_cleanly(asker, answer):
+    peer, _, ctrl = asker
+    _pull_from_fake(peer, 5)
+    cid, seq = _next_query(ctrl)
+    assert cid == 5
+    send_frame(ctrl, CACHE_INFO, answer(seq))
+    r = peer.reply()
+    assert r.get("status") == kb.Status.LLM_KV_CACHE_NOT_EXIST, r
+    # Nothing was kept: the next call asks again, with a new seq.
+    _pull_from_fake(peer, 5)
+    cid, seq2 = _next_query(ctrl)
+    assert cid == 5 and seq2 != seq
+    send_frame(ctrl, CACHE_INFO, _info(5, seq, 1, table_entry(5, **GOOD_SIZES)))  # the old seq: not this query's
+    send_frame(ctrl, CACHE_INFO, _info(5, seq2, 0))
+    assert peer.reply().get("status") == kb.Status.LLM_KV_CACHE_NOT_EXIST
+
+
+def test_an_oversized_cache_info_is_refused_with_the_link(asker):
+    peer, _, ctrl = asker
+    _pull_from_fake(peer, 5)
+    assert _next_query(ctrl)[0] == 5
+    send_frame(ctrl, CACHE_INFO, b"", length=1 << 30)  # announced, never sent: refused before reading it
+    r = peer.reply()
+    assert r.get("status") in (kb.Status.LLM_LINK_FAILED, kb.Status.LLM_NOT_YET_LINK), r
+
+
+def test_a_peer_that_never_answers_times_the_call_out(asker):
+    peer, _, ctrl = asker
+    _pull_from_fake(peer, 5)
+    assert _next_query(ctrl)[0] == 5
+    r = peer.reply()  # llm.SyncKvCacheWaitTime = 500 ms
+    assert r.get("status") == kb.Status.LLM_TIMEOUT, r
+
+
+def test_an_unasked_cache_info_is_ignored(asker):
+    peer, _, ctrl = asker
+    send_frame(ctrl, CACHE_INFO, _info(9, 12345, 1, table_entry(9, **GOOD_SIZES)))
+    _pull_from_fake(peer, 9)
+    cid, seq = _next_query(ctrl)  # it asks: the unasked answer was not taken
+    assert cid == 9 and seq != 12345
+    send_frame(ctrl, CACHE_INFO, _info(9, seq, 0))
+    assert peer.reply().get("status") == kb.Status.LLM_KV_CACHE_NOT_EXIST
+
+
+def test_a_peer_without_the_capability_is_not_asked():
+    port = free_port()
+    peer = Peer(1, listen=f"127.0.0.1:{port}", tensors=TENSORS, blocks=BLOCKS, block_bytes=BB)
+    ctrl, _ = open_link(port)  # CAP_TCP only: an older kvblocks
+    try:
+        r = peer.call(op="pull", cluster=77, remote_cache=5, local="alloc", src=[0], dst=[0])
+        assert r.get("status") == kb.Status.LLM_KV_CACHE_NOT_EXIST, r
+        assert "as of linking" in r["error"]
+        ctrl.settimeout(0.3)
+        with pytest.raises(socket.timeout):
+            recv_frame(ctrl)
+    finally:
+        ctrl.close()
+        peer.close()
+
+
+def test_cache_query_is_answered_with_one_entry_or_none(victim):
+    """The answering side: a forged id gets none; a real one gets its table entry."""
+    peer, port, _, _ = victim
+    ctrl, _ = open_link(port, cluster_id=78, caps=CAP_TCP | CAP_CACHE_QUERY)
+    try:
+        for seq, (cid, found) in enumerate(((999, False), (-1, False), (peer.info["alloc"], True))):
+            send_frame(ctrl, CACHE_QUERY, struct.pack("<qQ", cid, seq))
+            ctrl.settimeout(5)
+            t, _, payload = recv_frame(ctrl)
+            assert t == CACHE_INFO
+            assert struct.unpack_from("<qQI", payload) == (cid, seq, 1 if found else 0)
+            if found:
+                fields = TABLE_ENTRY.unpack_from(payload, 20)
+                assert fields[0] == cid and fields[3] == TENSORS and fields[4] == TB and fields[7] == BB
+        send_frame(ctrl, CACHE_QUERY, b"\x01\x02")  # malformed: ignored, the link stays
+        send_frame(ctrl, CACHE_QUERY, struct.pack("<qQ", peer.info["reg"], 7))
+        t, _, payload = recv_frame(ctrl)
+        assert t == CACHE_INFO and struct.unpack_from("<qQI", payload) == (peer.info["reg"], 7, 1)
+    finally:
+        ctrl.close()

@@ -18,6 +18,13 @@ constexpr uint32_t kMagic = 0x3142564BU;  // "KVB1" little-endian
 // of READ_RESP and inline WRITE_REQ frames padded to a 64-byte offset (wire/messages.h).
 constexpr uint32_t kProtocolVersion = 4;
 constexpr uint64_t kMaxControlPayload = 64ULL << 20;  // any frame but READ_RESP data
+// A CACHE_INFO payload: cache id, count and one table entry. An honest one is at most 16 MiB and a
+// little: kMaxTableTensors addresses and as many batch keys (8 bytes each), plus fixed fields.
+constexpr uint64_t kMaxCacheInfoPayload = (16ULL << 20) + 4096;
+// Caches a link keeps of those the peer registered after linking (CACHE_QUERY): a peer that
+// allocates a cache per request would otherwise grow the link without bound. One forgotten costs
+// a round trip when it is used again.
+constexpr size_t kMaxLateCaches = 4096;
 constexpr uint64_t kRequestFixedBytes = 40;  // an encoded XferRequest: fixed fields,
 constexpr uint64_t kRequestRangeBytes = 16;  // plus 4 bytes a tensor and 16 a byte range
 constexpr uint64_t kMaxInlineWrite = 256ULL << 10;    // pushes this small skip the READY round trip

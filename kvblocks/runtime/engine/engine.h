@@ -208,6 +208,11 @@ class Impl {
   void FreeUnbound(int64_t cache_id);
   void OnKeyConsumed(const std::shared_ptr<struct Link> &link, const std::string &payload);
   void OnKeyReleased(struct Link *link, const std::string &payload);
+  // late.cc: caches the peer registered after linking (CACHE_QUERY / CACHE_INFO)
+  Status FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t cache_id, int64_t deadline,
+                        std::shared_ptr<struct RemoteCache> *out);
+  void AnswerCacheQuery(struct Link *link, const std::string &payload);
+  void OnCacheInfo(struct Link *link, const std::string &payload);
   // links.cc: the UCX transport (transport/ucx_path.h)
   std::shared_ptr<UcxContext> Ucx(std::string *why);  // this engine's worker, made on first need
   void AnnounceUcx(struct LinkInfo *info);

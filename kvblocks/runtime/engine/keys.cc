@@ -82,13 +82,13 @@ Status Impl::ReleaseRemoteKey(uint64_t cluster_id, int64_t cache_id, int64_t key
   if (!initialized()) return Fail(LLM_FAILED, "the engine is not initialized");
   auto link = links_.FindAlive(cluster_id);
   if (!link) return Fail(LLM_NOT_YET_LINK, "not linked to cluster %llu", static_cast<unsigned long long>(cluster_id));
-  auto it = link->caches.find(cache_id);
-  if (it == link->caches.end() || key < 0)
-    return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld (as of linking)",
+  std::shared_ptr<RemoteCache> rc = link->FindCache(cache_id);  // link-time, or learned since (engine/late.cc)
+  if (rc == nullptr || key < 0)
+    return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld known to this link",
                 static_cast<unsigned long long>(cluster_id), static_cast<long long>(cache_id));
   {
-    std::unique_lock<std::shared_mutex> g(it->second.live->mu);
-    it->second.live->released_keys.insert(key);
+    std::unique_lock<std::shared_mutex> g(rc->live->mu);
+    rc->live->released_keys.insert(key);
   }
   std::string payload;
   Encode(KeyRef{cache_id, key}, &payload);
@@ -102,7 +102,7 @@ Status Impl::ReleaseRemoteKey(uint64_t cluster_id, int64_t cache_id, int64_t key
 // can at most release keys of caches it could pull anyway.
 void Impl::OnKeyConsumed(const std::shared_ptr<struct Link> &link, const std::string &payload) {
   KeyRef ref;
-  if (!Decode(payload, &ref) || link->shown.count(ref.cache_id) == 0) return;
+  if (!Decode(payload, &ref) || !link->Shown(ref.cache_id)) return;
   std::shared_lock<std::shared_mutex> lk(state_mu_, std::try_to_lock);
   if (!lk.owns_lock() || !initialized()) return;
   auto e = caches_.Find(ref.cache_id);
@@ -117,12 +117,12 @@ void Impl::OnKeyConsumed(const std::shared_ptr<struct Link> &link, const std::st
 void Impl::OnKeyReleased(struct Link *link, const std::string &payload) {
   KeyRef ref;
   if (!Decode(payload, &ref)) return;
-  auto it = link->caches.find(ref.cache_id);
-  if (it == link->caches.end()) return;
-  const auto &bk = it->second.batch_keys;
+  std::shared_ptr<RemoteCache> rc = link->FindCache(ref.cache_id);
+  if (rc == nullptr) return;
+  const auto &bk = rc->batch_keys;
   if (std::find(bk.begin(), bk.end(), ref.key) == bk.end()) return;  // only keys it showed us
-  std::unique_lock<std::shared_mutex> g(it->second.live->mu);
-  it->second.live->released_keys.insert(ref.key);
+  std::unique_lock<std::shared_mutex> g(rc->live->mu);
+  rc->live->released_keys.insert(ref.key);
 }
 
 }  // namespace kvblocks

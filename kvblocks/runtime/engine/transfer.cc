@@ -116,10 +116,16 @@ Status Impl::FindLink(Transfer *t, uint64_t cluster_id) {
 
 Status Impl::FindRemote(Transfer *t, int64_t cache_id) {
   auto it = t->link->caches.find(cache_id);
-  if (cache_id <= 0 || it == t->link->caches.end())
-    return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld (as of linking)",
-                static_cast<unsigned long long>(t->link->remote_cluster_id), static_cast<long long>(cache_id));
-  t->remote = &it->second;
+  if (__builtin_expect(it != t->link->caches.end(), 1)) {
+    t->remote = &it->second;
+  } else {
+    // Not in the link-time table: registered later (asked once, then kept), or unknown.
+    std::shared_ptr<RemoteCache> rc;
+    const Status st = FindLateRemote(t->link, cache_id, t->deadline, &rc);
+    if (st != LLM_SUCCESS) return st;
+    t->remote = rc.get();
+    t->remote_hold = std::move(rc);
+  }
   t->remote_use.reset(new RemoteUse(*t->remote));
   if (t->remote_use->ok) return LLM_SUCCESS;
   return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu unregistered cache %lld",
@@ -374,13 +380,12 @@ Status Impl::ResolvePiece(const Transfer &base, const LayerPiece &pc, int64_t *c
                           uint64_t *base_off) {
   const auto &caches = base.link->caches;
   if (pc.dst_cache_id > 0) {
-    auto it = caches.find(pc.dst_cache_id);
-    if (it == caches.end())
-      return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld (as of linking)",
-                  (unsigned long long)base.link->remote_cluster_id, (long long)pc.dst_cache_id);
-    if (pc.dst_tensor >= it->second.num_tensors)
+    std::shared_ptr<RemoteCache> rc;
+    const Status st = FindLateRemote(base.link, pc.dst_cache_id, base.deadline, &rc);  // link-time ones too
+    if (st != LLM_SUCCESS) return st;
+    if (pc.dst_tensor >= rc->num_tensors)
       return Fail(LLM_PARAM_INVALID, "remote cache %lld has %u tensors; tensor %u was asked for",
-                  (long long)pc.dst_cache_id, it->second.num_tensors, pc.dst_tensor);
+                  (long long)pc.dst_cache_id, rc->num_tensors, pc.dst_tensor);
     *cache_id = pc.dst_cache_id;
     *tensor = pc.dst_tensor;
     *base_off = 0;
@@ -510,11 +515,9 @@ Status Impl::DescribeRemoteCache(uint64_t cluster_id, int64_t cache_id, RemoteCa
   Transfer t;
   Status st;
   if ((st = FindLink(&t, cluster_id)) != LLM_SUCCESS) return st;
-  auto it = t.link->caches.find(cache_id);
-  if (it == t.link->caches.end())
-    return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld (as of linking)", (unsigned long long)cluster_id,
-                (long long)cache_id);
-  const RemoteCache &rc = it->second;
+  std::shared_ptr<RemoteCache> found;
+  if ((st = FindLateRemote(t.link, cache_id, NowNs() + wait_time_ms_ * kMsNs, &found)) != LLM_SUCCESS) return st;
+  const RemoteCache &rc = *found;
   out->cache_id = rc.id;
   out->key = rc.key;
   out->num_tensors = rc.num_tensors;

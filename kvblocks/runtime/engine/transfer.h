@@ -19,6 +19,7 @@ struct Transfer {
   std::shared_ptr<CacheEntry> local;
   std::shared_ptr<struct Link> link;
   const RemoteCache *remote = nullptr;
+  std::shared_ptr<const RemoteCache> remote_hold;  // a cache learned after linking: held while in use
   std::unique_ptr<RemoteUse> remote_use;
   std::unique_ptr<CacheUse> local_use;  // a pipelined transfer's (Impl::StartPiped)
   Plan plan;

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The control connection of a link: unlink, cache-gone notices and reverse-channel requests. When
+// The control connection of a link: unlink, cache-gone notices, reverse-channel requests and
+// queries for caches registered after linking. When
 // it closes, the link is dead on both sides.
 #include <errno.h>
 #include <poll.h>
@@ -13,10 +14,12 @@ namespace kvblocks {
 namespace {
 // The peer unregistered one of its caches: wait for our one-sided copies of it, then stop using it.
 void MarkGone(struct Link *link, int64_t id) {
-  auto it = link->caches.find(id);
-  if (it == link->caches.end()) return;
-  std::unique_lock<std::shared_mutex> g(it->second.live->mu);
-  it->second.live->gone = true;
+  std::shared_ptr<RemoteCache> rc = link->FindCache(id);  // link-time or learned later (CACHE_QUERY)
+  if (rc == nullptr) return;
+  std::unique_lock<std::shared_mutex> g(rc->live->mu);
+  rc->live->gone = true;
+  g.unlock();
+  link->ForgetLate(id);  // a late one: transfers holding it see it gone; later calls ask again
 }
 
 // Waits until the control connection is readable or closed: true. False once the verified same-host
@@ -42,7 +45,10 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
       LogInfo("cluster %llu: its process exited", static_cast<unsigned long long>(link->remote_cluster_id));
       break;
     }
-    if (RecvHeader(fd, &h, 0) != IoResult::kOk || RecvPayload(fd, h, &payload, NowNs() + kHandshakeNs) != IoResult::kOk)
+    // CACHE_INFO carries one table entry: a larger one is refused (and the link with it).
+    if (RecvHeader(fd, &h, 0) != IoResult::kOk ||
+        RecvPayload(fd, h, &payload, NowNs() + kHandshakeNs,
+                    h.type == kCacheInfo ? kMaxCacheInfoPayload : kMaxControlPayload) != IoResult::kOk)
       break;
     CacheRef ref;
     if (h.type == kUnlink) {
@@ -105,6 +111,10 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
       OnKeyConsumed(link, payload);
     } else if (h.type == kKeyReleased) {
       OnKeyReleased(link.get(), payload);
+    } else if (h.type == kCacheQuery) {
+      AnswerCacheQuery(link.get(), payload);
+    } else if (h.type == kCacheInfo) {
+      OnCacheInfo(link.get(), payload);
     }
   }
   // The peer closed the control connection (exit, crash, unlink or finalize): the link is gone.

@@ -135,6 +135,40 @@ void Link::AddRequesterChannel(int fd) {
   cv.notify_all();
 }
 
+std::shared_ptr<RemoteCache> Link::FindCache(int64_t id) {
+  auto it = caches.find(id);
+  if (it != caches.end()) return std::shared_ptr<RemoteCache>(std::shared_ptr<void>(), &it->second);
+  std::shared_lock<std::shared_mutex> g(late_mu);
+  auto lt = late.find(id);
+  return lt == late.end() ? nullptr : lt->second;
+}
+
+void Link::AddLate(std::shared_ptr<RemoteCache> rc) {
+  std::unique_lock<std::shared_mutex> g(late_mu);
+  while (late.size() >= kMaxLateCaches && !late_order.empty()) {
+    late.erase(late_order.front());
+    late_order.pop_front();
+  }
+  const int64_t id = rc->id;
+  if (late.emplace(id, std::move(rc)).second) late_order.push_back(id);
+}
+
+std::shared_ptr<RemoteCache> Link::ForgetLate(int64_t id) {
+  std::unique_lock<std::shared_mutex> g(late_mu);
+  auto it = late.find(id);
+  if (it == late.end()) return nullptr;
+  std::shared_ptr<RemoteCache> rc = std::move(it->second);
+  late.erase(it);
+  late_order.erase(std::find(late_order.begin(), late_order.end(), id));
+  return rc;
+}
+
+bool Link::Shown(int64_t id) {
+  if (shown.count(id) != 0) return true;
+  std::shared_lock<std::shared_mutex> g(late_mu);
+  return late_shown.count(id) != 0;
+}
+
 const char *Link::PathName() const {
   if (ucx && !one_sided) return "ucx";
   if (!one_sided) return "tcp";

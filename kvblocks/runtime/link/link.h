@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -65,8 +66,22 @@ struct Link {
   bool same_host = false;     // verified: same_process or local.pid
   bool one_sided = false;  // some cache is reached without the peer (memcpy, CMA)
   std::shared_ptr<UcxPeer> ucx;  // the UCP endpoint when some cache is reached over UCX
-  std::map<int64_t, RemoteCache> caches;
+  std::map<int64_t, RemoteCache> caches;  // immutable once the link is registered: read without locks
   std::set<int64_t> shown;  // our cache ids in the table the peer got (set before the link is used)
+  // Caches the peer registered after linking, learned one at a time on first use (CACHE_QUERY,
+  // engine/late.cc) and reached over TCP only. At most kMaxLateCaches: the oldest is forgotten
+  // (asked for again when next used), and one the peer unregistered (CACHE_GONE) at once. A
+  // transfer holds its entry by shared_ptr, so forgetting one never pulls it from under a transfer.
+  std::shared_mutex late_mu;
+  std::map<int64_t, std::shared_ptr<RemoteCache>> late;  // guarded by late_mu
+  std::deque<int64_t> late_order;                         // guarded by late_mu: `late`'s ids, oldest first
+  std::set<int64_t> late_shown;  // guarded by late_mu: our caches the peer learned by CACHE_QUERY
+  // Link-time table first (no lock; a pointer that does not own: valid while the link is held),
+  // then `late` (shared lock); never asks the peer. Null when neither has it.
+  std::shared_ptr<RemoteCache> FindCache(int64_t id);
+  void AddLate(std::shared_ptr<RemoteCache> rc);  // under late_mu: makes room first
+  std::shared_ptr<RemoteCache> ForgetLate(int64_t id);  // removes it from `late`; returns it
+  bool Shown(int64_t id);  // `shown` or `late_shown`
   ChannelOpener open_channel;  // opener side: connects and authenticates one more channel
   // Address-based transfers (engine/ranges.cc): `caches` sorted by announced address, built once.
   std::once_flag by_addr_once;
@@ -86,6 +101,17 @@ struct Link {
   std::set<int64_t> gone_acked;  // our cache ids the peer confirmed it stopped using
   uint64_t notify_seq = 0;                    // NOTIFYs we sent
   std::map<uint64_t, uint32_t> notify_acks;  // their NOTIFY_ACK statuses, until the sender takes them
+  // CACHE_QUERYs in flight, by cache id: the query's seq, the answer's status (kLatePending until
+  // it comes) and the callers waiting for it; the last to leave erases it, so an answer nobody
+  // waits for is dropped.
+  struct LateQuery {
+    uint64_t seq;
+    uint32_t status;
+    int waiters = 0;
+    std::shared_ptr<RemoteCache> entry;  // the answer's, when found
+  };
+  std::map<int64_t, LateQuery> late_queries;
+  uint64_t late_seq = 0;  // CACHE_QUERYs we sent
   std::mutex ctrl_write_mu;
 
   void AddFd(int fd);

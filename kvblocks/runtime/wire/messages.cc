@@ -196,6 +196,46 @@ bool Decode(const std::string &in, KeyRef *m) {
          m->key >= 0;
 }
 
+void Encode(const CacheQuery &m, std::string *out) {
+  Writer w;
+  w.Put<int64_t>(m.cache_id);
+  w.Put<uint64_t>(m.seq);
+  *out = std::move(w.buf);
+}
+
+bool Decode(const std::string &in, CacheQuery *m) {
+  return DecodeAll(in, [&](Reader *r) {
+    m->cache_id = r->Get<int64_t>();
+    m->seq = r->Get<uint64_t>();
+  });
+}
+
+void Encode(const CacheInfo &m, std::string *out) {
+  Writer w;
+  w.Put<int64_t>(m.cache_id);
+  w.Put<uint64_t>(m.seq);
+  std::vector<TableEntry> one;
+  if (m.found) one.push_back(m.entry);
+  EncodeTable(one, &w);
+  *out = std::move(w.buf);
+}
+
+bool Decode(const std::string &in, CacheInfo *m) {
+  std::vector<TableEntry> got;
+  const bool ok = DecodeAll(in, [&](Reader *r) {
+    m->cache_id = r->Get<int64_t>();
+    m->seq = r->Get<uint64_t>();
+    // The count comes first: refuse more than one entry before decoding any.
+    Reader count = *r;
+    if (count.Get<uint32_t>() > 1 || !count.ok) return void(r->ok = false);
+    if (!DecodeTable(r, &got)) r->ok = false;
+  });
+  if (!ok || got.size() > 1 || (got.size() == 1 && got[0].id != m->cache_id)) return false;
+  m->found = got.size() == 1;
+  if (m->found) m->entry = std::move(got[0]);
+  return true;
+}
+
 void Encode(const XferRequest &m, std::string *out) {
   Writer w;
   w.buf.reserve(40 + m.tensors.size() * 4 + m.ranges.size() * 16);

@@ -33,6 +33,8 @@ enum FrameType : uint16_t {
   kNotifyAck = 17,       // control: Notify with the same seq and the receiver's status, no text
   kKeyConsumed = 18,     // control: the sender pulled by a key of the receiver's cache, consuming it (KeyRef)
   kKeyReleased = 19,     // control: a key of the sender's cache is no longer bound (KeyRef)
+  kCacheQuery = 25,      // control: describe one of your caches (CacheQuery), answered with kCacheInfo
+  kCacheInfo = 26,       // control: the answer (CacheInfo): that cache's table entry, or none
   kReadReq = 20,
   kReadResp = 21,
   kWriteReq = 22,
@@ -69,6 +71,7 @@ enum Capability : uint64_t {
   kCapCma = 1 << 2,           // process_vm_readv/writev on registered memory
   kCapInProcess = 1 << 3,     // plain memcpy between two engines of one process
   kCapUcx = 1 << 4,           // UCP get/put on rkeys from the cache table (transport/ucx_path.cc)
+  kCapCacheQuery = 1 << 5,    // answers CACHE_QUERY (a cache registered after linking); not a path
 };
 
 enum class ConnKind : uint32_t { kCtrl = 1, kDataFwd = 2, kDataRev = 3 };
@@ -135,6 +138,23 @@ struct CacheRef {  // CACHE_GONE and CACHE_GONE_ACK
   int64_t cache_id = 0;
 };
 
+// CACHE_QUERY: describe cache `cache_id` (one the asker's link-time table lacks); `seq` is the
+// asker's, echoed by the answer, so an answer matches exactly one query.
+struct CacheQuery {
+  int64_t cache_id = 0;
+  uint64_t seq = 0;
+};
+
+// CACHE_INFO: the answer to CACHE_QUERY: the cache's table entry (`found`), or none (not
+// registered, or being unregistered). The entry is one link-time table entry, decoded with the same
+// checks (DecodeTable); the decoder refuses anything but zero or one entry, and an entry of another id.
+struct CacheInfo {
+  int64_t cache_id = 0;
+  uint64_t seq = 0;
+  bool found = false;
+  TableEntry entry;
+};
+
 // KEY_CONSUMED and KEY_RELEASED (spec hixl.md 3.4): key `key` bound to a batch of cache `cache_id`
 // of the cache's owner (the receiver of KEY_CONSUMED, the sender of KEY_RELEASED).
 struct KeyRef {
@@ -176,6 +196,8 @@ void Encode(const CacheRef &m, std::string *out);
 void Encode(const XferRequest &m, std::string *out);
 void Encode(const Notify &m, std::string *out);
 void Encode(const KeyRef &m, std::string *out);
+void Encode(const CacheQuery &m, std::string *out);
+void Encode(const CacheInfo &m, std::string *out);
 
 bool Decode(const std::string &in, Hello *m);  // false also for another protocol version
 bool Decode(const std::string &in, Challenge *m);
@@ -187,6 +209,8 @@ bool Decode(const std::string &in, CacheRef *m);
 bool Decode(const std::string &in, XferRequest *m);
 bool Decode(const std::string &in, Notify *m);
 bool Decode(const std::string &in, KeyRef *m);  // false also for a negative key
+bool Decode(const std::string &in, CacheQuery *m);
+bool Decode(const std::string &in, CacheInfo *m);
 
 }  // namespace kvblocks
 
