@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "link/handshake.h"
 #include "net/socket.h"
+#include "transport/beacon.h"
 #include "transport/local_peer.h"
 #include "transport/select.h"
 #include "transport/ucx_path.h"
@@ -119,6 +120,8 @@ Status Impl::AttachUcx(struct Link *link) {
 // Our memfds for the local exchange, held alive by `keep` while they are sent.
 LocalFds Impl::OurMemfds(const std::vector<TableEntry> &caches, std::vector<std::shared_ptr<CacheEntry>> *keep) {
   LocalFds out;
+  const int beacon = OurBeaconFd();  // first, so the cap on memfds never drops it
+  if (beacon >= 0) out.emplace_back(kBeaconId, beacon);
   for (const TableEntry &t : caches) {
     if (!t.has_memfd || out.size() >= kMaxLocalFds) continue;
     auto e = caches_.Find(t.id);

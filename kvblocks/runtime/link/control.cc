@@ -24,8 +24,8 @@ void MarkGone(struct Link *link, int64_t id) {
 
 // Waits until the control connection is readable or closed: true. False once the verified same-host
 // peer process has exited (its pidfd is readable): a process that forked may leave its end of the
-// socket open in a child, so the socket alone would not say so. One-sided paths without a pidfd
-// check of their own rely on this (PeerAlive).
+// socket open in a child, so the socket alone would not say so, and the link is failed at once
+// rather than at its next one-sided copy.
 bool WaitCtrl(int fd, int pidfd) {
   pollfd p[2] = {{fd, POLLIN, 0}, {pidfd, POLLIN, 0}};
   for (;;) {

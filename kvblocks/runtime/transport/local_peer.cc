@@ -13,6 +13,7 @@
 #include "common/limits.h"
 #include "common/util.h"
 #include "security/auth.h"
+#include "transport/beacon.h"
 #include "wire/codec.h"
 
 #ifndef SYS_pidfd_open
@@ -152,6 +153,19 @@ bool Learn(int fd, LocalPeer *out) {
 }
 
 }  // namespace
+
+LocalPeer::LocalPeer() = default;
+LocalPeer::~LocalPeer() = default;
+LocalPeer::LocalPeer(LocalPeer &&) noexcept = default;
+LocalPeer &LocalPeer::operator=(LocalPeer &&) noexcept = default;
+
+void LocalPeer::TakeBeacon() {
+  auto it = memfds.find(kBeaconId);
+  if (it == memfds.end()) return;
+  const int fd = it->second;
+  memfds.erase(it);
+  if (fd >= 0) beacon = PeerBeacon::Map(fd);
+}
 
 void LocalPeer::Release() {
   for (auto &kv : memfds)

@@ -9,16 +9,25 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace kvblocks {
 
+class PeerBeacon;
+
 struct LocalPeer {
+  LocalPeer();
+  ~LocalPeer();
+  LocalPeer(LocalPeer &&) noexcept;
+  LocalPeer &operator=(LocalPeer &&) noexcept;
   int pid = 0;     // from SO_PEERCRED
   int pidfd = -1;  // pins `pid`: readable once that process has exited
   std::map<int64_t, int> memfds;  // cache id -> memfd received with SCM_RIGHTS (owned)
+  std::unique_ptr<PeerBeacon> beacon;  // the peer's liveness word (transport/beacon.h), if it sent one
+  void TakeBeacon();  // maps memfds[kBeaconId], when present, into `beacon`
   void Release();  // closes the memfds not taken
 };
 

@@ -31,8 +31,8 @@ bool SameHostHint(const PeerIdentity &me, const PeerIdentity &peer);
 // Sets link->same_host/one_sided and a Path on every remote cache from link->same_process (the
 // verified in-process proof) and link->local (the kernel-verified local exchange).
 void ChoosePaths(Link *link);
-// The link is up and the peer still exists: its engine in this process, or, with `pidfd`, its
-// process by the kernel's word (without, the link's flag, which CtrlLoop clears when it exits).
+// The link is up and the peer still exists: its engine in this process; its process by its beacon
+// (without `pidfd`, when it sent one) or by polling its pidfd.
 bool PeerAlive(const Link *link, bool pidfd);
 
 }  // namespace kvblocks
