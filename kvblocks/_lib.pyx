@@ -573,7 +573,9 @@ cdef class LlmDataDist:
         CacheNotExistError."""
         cdef int64_t cid = -1
         cdef uint32_t bi = 0
-        cdef Status st = ImplAccess.FindRemoteKey(self._impl.get()[0], cluster_id, key, cid, bi)
+        cdef Status st
+        with nogil:  # may ask the peer (a key bound after linking)
+            st = ImplAccess.FindRemoteKey(self._impl.get()[0], cluster_id, key, cid, bi)
         check_status(st, b"find_remote_key")
         return cid, bi
 
@@ -628,10 +630,13 @@ cdef class LlmDataDist:
         return ImplAccess.LinkChannels(self._impl.get()[0], cluster_id)
 
     def _describe_remote_cache(self, uint64_t cluster_id, int64_t cache_id):
-        """The peer's cache as announced at link time: a dict of num_tensors, tensor_bytes,
+        """The peer's cache as announced at link time (or, for one registered later, as it answered
+        when asked): a dict of num_tensors, tensor_bytes,
         num_blocks, batch_size, stride, key and addrs. Raises LinkError / CacheNotExistError."""
         cdef CRemoteCacheInfo info
-        cdef Status st = ImplAccess.DescribeRemoteCache(self._impl.get()[0], cluster_id, cache_id, info)
+        cdef Status st
+        with nogil:  # may ask the peer (a cache registered after linking)
+            st = ImplAccess.DescribeRemoteCache(self._impl.get()[0], cluster_id, cache_id, info)
         check_status(st, b"describe_remote_cache")
         return {"cache_id": info.cache_id, "key": info.key, "allocated": info.allocated,
                 "batch_keys": list(info.batch_keys), "num_tensors": info.num_tensors,
@@ -640,7 +645,9 @@ cdef class LlmDataDist:
 
     def _find_remote_cache(self, uint64_t cluster_id, int64_t key):
         cdef int64_t cid = -1
-        cdef Status st = ImplAccess.FindRemoteCache(self._impl.get()[0], cluster_id, key, cid)
+        cdef Status st
+        with nogil:  # may ask the peer (a key bound after linking)
+            st = ImplAccess.FindRemoteCache(self._impl.get()[0], cluster_id, key, cid)
         check_status(st, b"find_remote_cache")
         return cid
 

@@ -14,6 +14,8 @@ FLAG_CROSSING = 2
 READ_REQ, READ_RESP, WRITE_REQ, WRITE_READY, WRITE_DONE, ERROR = 20, 21, 22, 23, 24, 30
 CACHE_QUERY, CACHE_INFO = 25, 26
 CAP_CACHE_QUERY = 32
+CAP_KEY_QUERY = 64
+QUERY_BY_CACHE_KEY, QUERY_BY_BATCH_KEY = 2, 3
 TABLE_ENTRY = struct.Struct("<qBqIQQQQH")  # id, kind, key, num_tensors, tensor_bytes, num_blocks, batch, stride, n_desc
 
 

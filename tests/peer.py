@@ -6,7 +6,8 @@ Run as ``python tests/peer.py --cluster 1 --listen 127.0.0.1:PORT``. It allocate
 pattern that encodes (cluster, tensor, block), prints ``{"ready": ..., "alloc": id, "reg": id}``
 and then answers commands such as ``{"op": "link", ...}``, ``{"op": "pull", ...}``,
 ``{"op": "digest"}``, ``{"op": "alloc", "name": ..., "seed": ...}`` (another cache, after the
-link say) and ``{"op": "exit"}`` one line each.
+link say; optionally with a cache ``key`` and batch ``keys``), ``{"op": "find_key", ...}``,
+``{"op": "unbind", ...}`` and ``{"op": "exit"}`` one line each.
 """
 import argparse
 import hashlib
@@ -91,11 +92,22 @@ def main() -> int:
                     dd.push_kv_blocks(local, idx, cmd["src"], cmd["dst"])
                 reply({"ok": True})
             elif op == "alloc":  # another cache (after the link, say), filled with `seed`'s pattern
-                c = dd.allocate_cache(desc)
+                # optional: "key" tags the cache, "keys" binds a key to each batch index
+                c = dd._add_cache(desc, None, 0, cmd.get("key", -1), None) if "key" in cmd else dd.allocate_cache(desc)
+                if cmd.get("keys"):
+                    dd._set_batch_keys(c, cmd["keys"])
                 for t in range(args.tensors):
                     c.numpy(t)[:] = pattern(cmd["seed"], t, args.blocks, args.block_bytes)
                 caches[cmd["name"]] = c
                 reply({"cache": c.cache_id})
+            elif op == "find_key":  # a peer cache by batch key (CacheKey) or cache key (BlocksCacheKey)
+                if cmd.get("batch", True):
+                    cid, bi = dd._find_remote_key(cmd["cluster"], cmd["key"])
+                    reply({"cache": cid, "batch": bi})
+                else:
+                    reply({"cache": dd._find_remote_cache(cmd["cluster"], cmd["key"])})
+            elif op == "unbind":  # True when the key was still bound
+                reply({"was": dd._unbind_key(caches[cmd["cache"]], cmd["key"])})
             elif op == "unregister":
                 dd.unregister_kv_cache(caches.pop(cmd["cache"]))
                 reply({"ok": True})

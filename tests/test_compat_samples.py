@@ -99,6 +99,14 @@ def test_pull_cache_of_two_keys_into_two_batches(tmp_path):
     assert "all data verified" in outs[1]
 
 
+def test_pull_by_keys_the_prompt_bound_after_the_link(tmp_path):
+    # issue 31: CacheKey and BlocksCacheKey of caches allocated after link_clusters (asked for once).
+    port = free_port()
+    outs = run_processes("late_keys_sample.py", [["--role", "prompt", "--port", port],
+                                                 ["--role", "decoder", "--port", port]], tmp_path)
+    assert "all data verified" in outs[1]
+
+
 def test_pull_blocks_from_a_contiguous_cache(tmp_path):
     # hixl.md 3.5 (pull_from_cache_to_blocks): a batch row cut into local blocks.
     port = free_port()

@@ -9,9 +9,9 @@ import pytest
 
 import kvblocks as kb
 from conftest import cluster, free_port
-from hostile import (CACHE_INFO, CACHE_QUERY, CAP_CACHE_QUERY, CAP_TCP, ERROR, READ_REQ, READ_RESP, TABLE_ENTRY,
+from hostile import (CACHE_INFO, CACHE_QUERY, CAP_CACHE_QUERY, CAP_KEY_QUERY, CAP_TCP, ERROR, READ_REQ, READ_RESP, TABLE_ENTRY,
                      WRITE_DONE, WRITE_READY, WRITE_REQ, handshake, open_link, recv_frame, request, send_frame,
-                     table_entry)
+                     QUERY_BY_BATCH_KEY, QUERY_BY_CACHE_KEY, table_entry)
 from peer import pattern
 from procs import Peer
 
@@ -303,6 +303,106 @@ def test_cache_query_is_answered_with_one_entry_or_none(victim):
         send_frame(ctrl, CACHE_QUERY, b"\x01\x02")  # malformed: ignored, the link stays
         send_frame(ctrl, CACHE_QUERY, struct.pack("<qQ", peer.info["reg"], 7))
         t, _, payload = recv_frame(ctrl)
+        assert t == CACHE_INFO and struct.unpack_from("<qQI", payload) == (peer.info["reg"], 7, 1)
+    finally:
+        ctrl.close()
+
+
+# ---------------------------------------------------------------- CACHE_QUERY by key (issue 31)
+@pytest.fixture
+def key_asker():
+    """A real engine linked to a fake opener that says it answers CACHE_QUERY by id and by key."""
+    port = free_port()
+    peer = Peer(1, listen=f"127.0.0.1:{port}", tensors=TENSORS, blocks=BLOCKS, block_bytes=BB, wait_ms=500)
+    ctrl, _ = open_link(port, caps=CAP_TCP | CAP_CACHE_QUERY | CAP_KEY_QUERY)
+    before = peer.digest()
+    yield peer, port, ctrl
+    ctrl.close()
+    assert peer.proc.poll() is None, "the asking process must survive"
+    assert peer.digest() == before, "no cache byte may change"
+    peer.close()
+
+
+def _next_key_query(ctrl, timeout=5.0):
+    """(cache id, seq, kind, key) of the next CACHE_QUERY: a key query is 25 bytes."""
+    ctrl.settimeout(timeout)
+    while True:
+        t, _, payload = recv_frame(ctrl)
+        if t == CACHE_QUERY:
+            assert len(payload) == 25, payload
+            return struct.unpack("<qQBq", payload)
+
+
+def _batch_keys(*keys):
+    return struct.pack("<BI", 3, 8 * len(keys)) + struct.pack(f"<{len(keys)}q", *keys)
+
+
+@pytest.mark.parametrize("batch,answer", [
+    (True, lambda q: _info(5, q, 1, table_entry(5, **GOOD_SIZES, key=7))),                   # another key
+    (True, lambda q: _info(5, q, 1, table_entry(5, **GOOD_SIZES, n_desc=1, descriptors=_batch_keys(1, 2)))),
+    (True, lambda q: _info(6, q, 1, table_entry(5, **GOOD_SIZES, key=500))),                 # id mismatch
+    (True, lambda q: _info(0, q, 1, table_entry(0, **GOOD_SIZES, key=500))),                 # id 0
+    (False, lambda q: _info(5, q, 1, table_entry(5, **GOOD_SIZES, n_desc=1, descriptors=_batch_keys(500)))),
+    (True, lambda q: _info(5, q, 2, table_entry(5, **GOOD_SIZES, key=500) * 2)),              # two entries
+    (True, lambda q: _info(0, q, 0) + b"x"),                                                  # trailing bytes
+    (False, lambda q: _info(0, q, 0)),                                                        # honest none
+], ids=["other-key", "other-batch-keys", "other-id", "id-zero", "batch-key-for-cache-key", "two", "trailing",
+        "not-found"])
+def test_a_bad_answer_to_a_key_query_fails_the_lookup_cleanly(key_asker, batch, answer):
+    peer, _, ctrl = key_asker
+    peer.send(op="find_key", cluster=77, key=500, batch=batch)
+    cid, seq, kind, key = _next_key_query(ctrl)
+    assert (cid, kind, key) == (0, QUERY_BY_BATCH_KEY if batch else QUERY_BY_CACHE_KEY, 500)
+    send_frame(ctrl, CACHE_INFO, answer(seq))
+    r = peer.reply()
+    assert r.get("status") == kb.Status.LLM_KV_CACHE_NOT_EXIST, r
+    # Nothing was kept: the next lookup asks again; an honest answer is taken.
+    peer.send(op="find_key", cluster=77, key=500, batch=batch)
+    _, seq2, _, _ = _next_key_query(ctrl)
+    assert seq2 != seq
+    good = table_entry(5, **GOOD_SIZES, n_desc=1, descriptors=_batch_keys(-1, 500)) if batch else \
+        table_entry(5, **GOOD_SIZES, key=500)
+    send_frame(ctrl, CACHE_INFO, _info(5, seq2, 1, good))
+    assert peer.reply() == ({"cache": 5, "batch": 1} if batch else {"cache": 5})
+
+
+def test_a_key_query_that_gets_no_answer_times_out(key_asker):
+    peer, _, ctrl = key_asker
+    peer.send(op="find_key", cluster=77, key=500)
+    assert _next_key_query(ctrl)[3] == 500
+    r = peer.reply()  # llm.SyncKvCacheWaitTime = 500 ms
+    assert r.get("status") == kb.Status.LLM_TIMEOUT, r
+
+
+def test_a_peer_without_the_key_capability_is_not_asked_by_key(asker):
+    peer, _, ctrl = asker  # capability 32 only: asked by id, never by key
+    for batch in (True, False):
+        r = peer.call(op="find_key", cluster=77, key=500, batch=batch)
+        assert r.get("status") == kb.Status.LLM_KV_CACHE_NOT_EXIST, r
+        assert "as of linking" in r["error"]
+    ctrl.settimeout(0.3)
+    with pytest.raises(socket.timeout):
+        recv_frame(ctrl)
+
+
+def test_key_queries_are_answered_with_one_entry_or_none(victim):
+    """The answering side: an unbound key gets none; malformed key queries are ignored."""
+    peer, port, _, _ = victim
+    ctrl, _ = open_link(port, cluster_id=78, caps=CAP_TCP | CAP_CACHE_QUERY | CAP_KEY_QUERY)
+    try:
+        ctrl.settimeout(5)
+        for seq, kind in enumerate((QUERY_BY_BATCH_KEY, QUERY_BY_CACHE_KEY)):
+            send_frame(ctrl, CACHE_QUERY, struct.pack("<qQBq", 0, seq, kind, 12345))
+            t, _, payload = recv_frame(ctrl)
+            assert t == CACHE_INFO and payload == struct.pack("<qQI", 0, seq, 0)
+        for bad in (struct.pack("<qQBq", 0, 50, 9, 1),                   # unknown kind
+                    struct.pack("<qQBq", 0, 51, QUERY_BY_BATCH_KEY, -1),  # negative key
+                    struct.pack("<qQBq", 3, 52, QUERY_BY_CACHE_KEY, 1),   # a cache id with a key
+                    struct.pack("<qQB", 0, 53, QUERY_BY_CACHE_KEY),       # truncated
+                    struct.pack("<qQBqB", 0, 54, QUERY_BY_CACHE_KEY, 1, 0)):  # trailing
+            send_frame(ctrl, CACHE_QUERY, bad)
+        send_frame(ctrl, CACHE_QUERY, struct.pack("<qQ", peer.info["reg"], 7))
+        t, _, payload = recv_frame(ctrl)  # the first answer after them: the malformed ones got none
         assert t == CACHE_INFO and struct.unpack_from("<qQI", payload) == (peer.info["reg"], 7, 1)
     finally:
         ctrl.close()

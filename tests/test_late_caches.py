@@ -162,3 +162,70 @@ def test_layer_wise_push_to_a_late_cache(linked):
         assert np.array_equal(got[5], pattern(2, t, BLOCKS, BB)[0])
         assert np.array_equal(got[6], pattern(2, t, BLOCKS, BB)[2])
         assert np.array_equal(got[:5], pattern(32, t, BLOCKS, BB)[:5])
+
+
+# ---------------------------------------------------------------- by key (CacheKey, BlocksCacheKey)
+def test_keys_bound_after_the_link_are_found_by_key(linked):
+    """CACHE_QUERY by batch key and by cache key: a cache the peer allocated with keys after the link."""
+    _, peer, me, mine, _ = linked
+    cid = peer.call(op="alloc", name="keyed", seed=41, keys=[1000, -1, 1002])["cache"]
+    assert tuple(me._find_remote_key(1, 1002)) == (cid, 2)
+    me.pull_kv_cache(kb.CacheIndex(1, cid, 2), mine, 0)  # row 2 -> row 0
+    for t in range(TENSORS):
+        assert np.array_equal(mine.numpy(t)[0], pattern(41, t, BLOCKS, BB)[2])
+    assert tuple(me._find_remote_key(1, 1000)) == (cid, 0)  # known now: no round trip
+    tagged = peer.call(op="alloc", name="tagged", seed=42, key=77)["cache"]
+    assert me._find_remote_cache(1, 77) == tagged
+    assert tuple(me._find_remote_key(1, 77)) == (tagged, 0)  # a tagged cache, as at link time
+    me.pull_kv_blocks(kb.CacheIndex(1, tagged), mine, [6, 7], [1, 2])
+    for t in range(TENSORS):
+        assert np.array_equal(mine.numpy(t)[1:3], pattern(42, t, BLOCKS, BB)[6:8])
+    # Unknown keys: not found, and not remembered as absent.
+    for call in (lambda: me._find_remote_key(1, 5555), lambda: me._find_remote_cache(1, 5555),
+                 lambda: me._find_remote_key(1, -4)):
+        with pytest.raises(kb.CacheNotExistError):
+            call()
+    later = peer.call(op="alloc", name="later", seed=43, keys=[5555])["cache"]
+    assert tuple(me._find_remote_key(1, 5555)) == (later, 0)
+    with pytest.raises(kb.CacheNotExistError):
+        me._find_remote_cache(1, 5555)  # a batch key is not a cache key
+    assert me.link_path(1) != ""
+
+
+def test_key_release_of_a_cache_found_by_key(linked):
+    """KEY_CONSUMED and KEY_RELEASED for a keyed cache the link learned by CACHE_QUERY."""
+    _, peer, me, mine, _ = linked
+    cid = peer.call(op="alloc", name="rel", seed=51, keys=[3001, 3002])["cache"]
+    assert tuple(me._find_remote_key(1, 3001)) == (cid, 0)
+    me.pull_kv_cache(kb.CacheIndex(1, cid, 0), mine, 4)
+    assert np.array_equal(mine.numpy(1)[4], pattern(51, 1, BLOCKS, BB)[0])
+    me._release_remote_key(1, cid, 3001)  # we consumed it: gone here at once, the owner unbinds it
+    with pytest.raises(kb.CacheNotExistError):
+        me._find_remote_key(1, 3001)
+    with pytest.raises(kb.CacheNotExistError):
+        me._find_remote_key(1, 9999)  # a round trip after KEY_CONSUMED: the owner has read it
+    assert peer.call(op="unbind", cache="rel", key=3001) == {"was": False}
+    # The owner releases the other key: KEY_RELEASED reaches the link's entry for the late cache.
+    assert tuple(me._find_remote_key(1, 3002)) == (cid, 1)
+    assert peer.call(op="unbind", cache="rel", key=3002) == {"was": True}
+    with pytest.raises(kb.CacheNotExistError):
+        me._find_remote_key(1, 9998)  # ordered after KEY_RELEASED on the control connection
+    with pytest.raises(kb.CacheNotExistError):
+        me._find_remote_key(1, 3002)
+
+
+def test_the_peer_finds_our_late_keys(linked):
+    """The accepting side asks the opener by key the same way."""
+    _, peer, me, _, desc = linked
+    c = me.allocate_cache(desc)
+    me._set_batch_keys(c, [-1, -1, 4242])
+    assert peer.call(op="find_key", cluster=2, key=4242) == {"cache": c.cache_id, "batch": 2}
+    r = peer.call(op="find_key", cluster=2, key=4243)
+    assert r.get("status") == kb.Status.LLM_KV_CACHE_NOT_EXIST, r
+    # A key bound after the link to a cache of the link-time table: found, and reached by id through
+    # that table as before.
+    mine = linked[3]
+    me._set_batch_keys(mine, [-1, 4343])
+    assert peer.call(op="find_key", cluster=2, key=4343) == {"cache": mine.cache_id, "batch": 1}
+    assert peer.call(op="pull", cluster=2, remote_cache=mine.cache_id, local="alloc", src=[1], dst=[5]) == {"ok": True}
+    assert np.array_equal(peer.read("alloc", 0).reshape(BLOCKS, BB)[5], pattern(2, 0, BLOCKS, BB)[1])

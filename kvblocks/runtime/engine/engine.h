@@ -211,6 +211,12 @@ class Impl {
   // late.cc: caches the peer registered after linking (CACHE_QUERY / CACHE_INFO)
   Status FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t cache_id, int64_t deadline,
                         std::shared_ptr<struct RemoteCache> *out);
+  // The same for a key (kQueryByCacheKey / kQueryByBatchKey) neither table has: asks peers offering
+  // kCapKeyQuery; *out is the answer's entry (for a link-time cache, a copy: reach it by id).
+  Status FindLateKey(const std::shared_ptr<struct Link> &link, uint8_t kind, int64_t key, int64_t deadline,
+                     std::shared_ptr<struct RemoteCache> *out);
+  Status AskPeer(const std::shared_ptr<struct Link> &link, uint8_t kind, int64_t what, int64_t deadline,
+                 std::shared_ptr<struct RemoteCache> *out);
   void AnswerCacheQuery(struct Link *link, const std::string &payload);
   void OnCacheInfo(struct Link *link, const std::string &payload);
   // links.cc: the UCX transport (transport/ucx_path.h)

@@ -5,7 +5,11 @@
 // entry or none in CACHE_INFO, decoded with the link-time table's checks. The entry is added to the
 // link (Link::late) and reached over TCP, whose serving side checks every request against its own
 // cache table: nothing the answer says is trusted for a one-sided copy. A link keeps at most
-// kMaxLateCaches of them (Link::AddLate); transfers hold theirs by shared_ptr.
+// kMaxLateCaches of them (Link::AddLate); transfers hold theirs by shared_ptr. Lookups by key
+// (CANN's CacheKey, BlocksCacheKey) that neither table answers ask the same way by key (query kinds
+// kQueryByBatchKey, kQueryByCacheKey; peers offering kCapKeyQuery only); the answer must hold the key.
+#include <algorithm>
+
 #include "common/error.h"
 #include "common/util.h"
 #include "engine/engine.h"
@@ -18,6 +22,14 @@ namespace kvblocks {
 namespace {
 constexpr uint32_t kLatePending = 0xFFFFFFFFU;
 constexpr uint32_t kLateMalformed = 0xFFFFFFFEU;
+
+// Whether an answer's entry holds what query (kind, what) asked for: the hostile-answer check of
+// key queries (a by-id answer of another id is refused by its decoder already).
+bool Holds(const TableEntry &e, int kind, int64_t what) {
+  if (kind == kQueryById) return e.id == what;
+  if (e.key == what) return true;
+  return kind == kQueryByBatchKey && std::find(e.batch_keys.begin(), e.batch_keys.end(), what) != e.batch_keys.end();
+}
 }  // namespace
 
 Status Impl::FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t cache_id, int64_t deadline,
@@ -29,15 +41,40 @@ Status Impl::FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t ca
   if ((link->capabilities & kCapCacheQuery) == 0)
     return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld (as of linking; its kvblocks cannot be "
                 "asked about caches registered later)", peer, id);
+  return AskPeer(link, kQueryById, cache_id, deadline, out);
+}
+
+Status Impl::FindLateKey(const std::shared_ptr<struct Link> &link, uint8_t kind, int64_t key, int64_t deadline,
+                         std::shared_ptr<RemoteCache> *out) {
+  const unsigned long long peer = link->remote_cluster_id;
+  if (key < 0) return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache with key %lld", peer, (long long)key);
+  if ((link->capabilities & kCapKeyQuery) == 0)
+    return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache with key %lld (as of linking; its kvblocks cannot "
+                "be asked about keys bound later)", peer, static_cast<long long>(key));
+  return AskPeer(link, kind, key, deadline, out);
+}
+
+// Asks the peer once for (kind, what); callers for the same (kind, what) share the query. An answer
+// of none, a malformed one, a timeout or a failed link is not remembered: the next call asks again.
+Status Impl::AskPeer(const std::shared_ptr<struct Link> &link, uint8_t kind, int64_t what, int64_t deadline,
+                     std::shared_ptr<RemoteCache> *out) {
+  const unsigned long long peer = link->remote_cluster_id;
+  const long long id = static_cast<long long>(what);
+  const char *named = kind == kQueryById ? "cache" : "a cache with key";
+  const std::pair<int, int64_t> slot(kind, what);
   std::unique_lock<std::mutex> g(link->mu);
-  auto ins = link->late_queries.emplace(cache_id, Link::LateQuery{0, kLatePending, 0, nullptr});
+  auto ins = link->late_queries.emplace(slot, Link::LateQuery{0, kLatePending, 0, nullptr});
   Link::LateQuery &q = ins.first->second;  // not erased while we wait on it (waiters > 0)
   ++q.waiters;
   if (ins.second) {
-    // The first caller asks; later ones for the same id wait for the same answer.
+    // The first caller asks; later ones for the same id or key wait for the same answer.
     q.seq = ++link->late_seq;
+    CacheQuery cq;
+    cq.seq = q.seq;
+    cq.kind = static_cast<CacheQueryKind>(kind);
+    if (kind == kQueryById) cq.cache_id = what; else cq.key = what;
     std::string ref;
-    Encode(CacheQuery{cache_id, q.seq}, &ref);
+    Encode(cq, &ref);
     g.unlock();
     const bool sent = link->SendCtrl(kCacheQuery, deadline, ref);
     g.lock();
@@ -51,17 +88,17 @@ Status Impl::FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t ca
   const uint32_t st = q.status;
   *out = q.entry;
   const bool alive = link->alive.load();
-  if (--q.waiters == 0) link->late_queries.erase(cache_id);
+  if (--q.waiters == 0) link->late_queries.erase(slot);
   g.unlock();
   if (st == LLM_SUCCESS && *out != nullptr) return LLM_SUCCESS;
   if (st == kLatePending && alive)
-    return Fail(LLM_TIMEOUT, "cluster %llu did not say within llm.SyncKvCacheWaitTime=%lld ms whether it has cache %lld",
-                peer, static_cast<long long>(wait_time_ms_), id);
+    return Fail(LLM_TIMEOUT, "cluster %llu did not say within llm.SyncKvCacheWaitTime=%lld ms whether it has %s %lld",
+                peer, static_cast<long long>(wait_time_ms_), named, id);
   if (st == kLatePending || st == LLM_LINK_FAILED)
-    return Fail(LLM_LINK_FAILED, "the link to cluster %llu failed while asking it for cache %lld", peer, id);
+    return Fail(LLM_LINK_FAILED, "the link to cluster %llu failed while asking it for %s %lld", peer, named, id);
   if (st == kLateMalformed)
-    return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu answered a malformed description of cache %lld", peer, id);
-  return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld", peer, id);
+    return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu answered a malformed description of %s %lld", peer, named, id);
+  return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no %s %lld", peer, named, id);
 }
 
 // The peer asks for one of our caches. Answered with what the link-time table would say of it now,
@@ -72,23 +109,45 @@ Status Impl::FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t ca
 void Impl::AnswerCacheQuery(struct Link *link, const std::string &payload) {
   CacheQuery q;
   if (!Decode(payload, &q)) return;  // malformed: nothing to answer
-  const int64_t cache_id = q.cache_id;
   CacheInfo info;
-  info.cache_id = cache_id;
+  info.cache_id = q.kind == kQueryById ? q.cache_id : 0;
   info.seq = q.seq;
   // No state_mu_: Finalize may hold it while it waits for this thread. The registry has its own lock.
+  // Keys are read under table_mu_, the lock SetBatchKeys and key release write them under.
   std::shared_lock<std::shared_timed_mutex> table_hold(table_mu_, std::defer_lock);
   if (initialized()) {
     table_hold.lock();
-    auto e = cache_id > 0 ? caches_.Find(cache_id) : nullptr;
+    std::shared_ptr<CacheEntry> e;
+    if (q.kind == kQueryById) {
+      e = q.cache_id > 0 ? caches_.Find(q.cache_id) : nullptr;
+    } else {
+      // By batch key: a batch bound to the key first, then a cache tagged with it (as the asker's
+      // FindRemoteKey searches its table); by cache key: a tagged cache. Lowest id first.
+      caches_.Visit([&](const std::map<int64_t, std::shared_ptr<CacheEntry>> &all) {
+        if (q.kind == kQueryByBatchKey)
+          for (const auto &kv : all) {
+            const auto &bk = kv.second->batch_keys;
+            if (!kv.second->closing.load() && std::find(bk.begin(), bk.end(), q.key) != bk.end()) {
+              e = kv.second;
+              return;
+            }
+          }
+        for (const auto &kv : all)
+          if (!kv.second->closing.load() && kv.second->key == q.key) {
+            e = kv.second;
+            return;
+          }
+      });
+    }
     if (e && !e->closing.load()) {
       info.found = true;
+      info.cache_id = e->id;
       info.entry = e->Describe();
       std::unique_lock<std::shared_mutex> g(link->late_mu);
       if (link->late_shown.size() >= kMaxLateCaches)  // forget those since unregistered
         for (auto it = link->late_shown.begin(); it != link->late_shown.end();)
           it = caches_.Find(*it) ? std::next(it) : link->late_shown.erase(it);
-      link->late_shown.insert(cache_id);
+      link->late_shown.insert(e->id);
     }
   }
   if (table_hold.owns_lock()) table_hold.unlock();
@@ -110,11 +169,19 @@ void Impl::OnCacheInfo(struct Link *link, const std::string &payload) {
     link->cv.notify_all();
     return;
   }
-  auto it = link->late_queries.find(info.cache_id);
-  if (it == link->late_queries.end() || it->second.seq != info.seq || it->second.status != kLatePending)
-    return;  // not asked (or no longer)
+  auto it = std::find_if(link->late_queries.begin(), link->late_queries.end(),
+                         [&](const std::pair<const std::pair<int, int64_t>, Link::LateQuery> &kv) {
+                           return kv.second.seq == info.seq;
+                         });
+  if (it == link->late_queries.end() || it->second.status != kLatePending) return;  // not asked (or no longer)
+  const int kind = it->first.first;
+  const int64_t what = it->first.second;
   if (!info.found) {
     it->second.status = LLM_KV_CACHE_NOT_EXIST;
+  } else if (!Holds(info.entry, kind, what) || info.entry.id <= 0) {
+    LogWarn("cluster %llu answered a query with cache %lld, which does not hold what was asked; refused",
+            static_cast<unsigned long long>(link->remote_cluster_id), static_cast<long long>(info.entry.id));
+    it->second.status = kLateMalformed;
   } else {
     // Only TCP reaches a late cache: its memfd was not exchanged, and no address or rkey learned on
     // the control connection is used for a one-sided copy.
@@ -124,7 +191,9 @@ void Impl::OnCacheInfo(struct Link *link, const std::string &payload) {
     e.ucx_key_of.clear();
     auto rc = std::make_shared<RemoteCache>(std::move(e));
     rc->path = MakeTcpPath(link, info.cache_id);
-    link->AddLate(rc);
+    // A cache of the link-time table whose key was bound after linking is reached through that
+    // table (by id); only caches it lacks are kept.
+    if (link->caches.count(info.cache_id) == 0) link->AddLate(rc);
     it->second.entry = std::move(rc);
     it->second.status = LLM_SUCCESS;
   }

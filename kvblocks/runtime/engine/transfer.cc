@@ -498,6 +498,8 @@ Status Impl::StartPiped(Transfer *t, bool pull, PipeItem *item) {
 Status Impl::FinishPiped(Transfer *t, bool pull, Status st) { return ConcludeDetached(t, pull, Conclude(t, pull, st)); }
 
 // ------------------------------------------------------------------ extensions
+// By key: the link-time table, then caches learned since (engine/late.cc), then the peer is asked
+// once (CACHE_QUERY by key). Not found is not remembered: a key bound later is found then.
 Status Impl::FindRemoteCache(uint64_t cluster_id, int64_t key, int64_t *cache_id) {
   Transfer t;
   Status st;
@@ -507,8 +509,19 @@ Status Impl::FindRemoteCache(uint64_t cluster_id, int64_t key, int64_t *cache_id
       *cache_id = kv.first;
       return LLM_SUCCESS;
     }
-  return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache with key %lld", (unsigned long long)cluster_id,
-              (long long)key);
+  {
+    std::shared_lock<std::shared_mutex> g(t.link->late_mu);
+    for (const auto &kv : t.link->late)
+      if (key >= 0 && kv.second->key == key) {
+        *cache_id = kv.first;
+        return LLM_SUCCESS;
+      }
+  }
+  std::shared_ptr<RemoteCache> rc;
+  if ((st = FindLateKey(t.link, kQueryByCacheKey, key, NowNs() + wait_time_ms_ * kMsNs, &rc)) != LLM_SUCCESS)
+    return st;
+  *cache_id = rc->id;
+  return LLM_SUCCESS;
 }
 
 Status Impl::DescribeRemoteCache(uint64_t cluster_id, int64_t cache_id, RemoteCacheInfo *out) {
@@ -534,29 +547,73 @@ Status Impl::DescribeRemoteCache(uint64_t cluster_id, int64_t cache_id, RemoteCa
   return LLM_SUCCESS;
 }
 
+namespace {
+// Where `rc` holds `key`: 1 and its batch index when a batch is bound to it (2 once this link saw
+// it released), 3 when only the cache is tagged with it, 0 when neither.
+int KeyIn(const RemoteCache &rc, int64_t key, uint32_t *batch_index) {
+  for (size_t b = 0; b < rc.batch_keys.size(); ++b)
+    if (rc.batch_keys[b] == key) {
+      std::shared_lock<std::shared_mutex> g(rc.live->mu);
+      if (rc.live->released_keys.count(key) != 0) return 2;  // released since it was described (keys.cc)
+      *batch_index = static_cast<uint32_t>(b);
+      return 1;
+    }
+  if (rc.key == key) {
+    *batch_index = 0;
+    return 3;
+  }
+  return 0;
+}
+}  // namespace
+
+// A batch bound to `key` (else a cache tagged with it): the link-time table, then caches learned
+// since, then the peer is asked once (CACHE_QUERY by batch key) and its answer searched the same way.
 Status Impl::FindRemoteKey(uint64_t cluster_id, int64_t key, int64_t *cache_id, uint32_t *batch_index) {
   Transfer t;
   Status st;
   if ((st = FindLink(&t, cluster_id)) != LLM_SUCCESS) return st;
-  for (const auto &kv : t.link->caches)
-    for (size_t b = 0; b < kv.second.batch_keys.size(); ++b)
-      if (key >= 0 && kv.second.batch_keys[b] == key) {
-        std::shared_lock<std::shared_mutex> g(kv.second.live->mu);
-        if (kv.second.live->released_keys.count(key) != 0)  // released since linking (keys.cc)
-          return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu released key %lld", (unsigned long long)cluster_id,
-                      (long long)key);
-        *cache_id = kv.first;
-        *batch_index = static_cast<uint32_t>(b);
-        return LLM_SUCCESS;
-      }
-  for (const auto &kv : t.link->caches)
-    if (kv.second.key == key) {
+  if (key < 0)
+    return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache with key %lld", (unsigned long long)cluster_id,
+                (long long)key);
+  auto released = [&] {
+    return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu released key %lld", (unsigned long long)cluster_id,
+                (long long)key);
+  };
+  int64_t tagged = -1;  // a cache tagged with the key, when no batch is bound to it
+  for (const auto &kv : t.link->caches) {
+    const int where = KeyIn(kv.second, key, batch_index);
+    if (where == 1) {
       *cache_id = kv.first;
-      *batch_index = 0;
       return LLM_SUCCESS;
     }
-  return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache with key %lld", (unsigned long long)cluster_id,
-              (long long)key);
+    if (where == 2) return released();
+    if (where == 3 && tagged < 0) tagged = kv.first;
+  }
+  if (tagged < 0) {
+    std::shared_lock<std::shared_mutex> g(t.link->late_mu);
+    for (const auto &kv : t.link->late) {
+      const int where = KeyIn(*kv.second, key, batch_index);
+      if (where == 1) {
+        *cache_id = kv.first;
+        return LLM_SUCCESS;
+      }
+      if (where == 2) return released();
+      if (where == 3 && tagged < 0) tagged = kv.first;
+    }
+  }
+  if (tagged >= 0) {
+    *cache_id = tagged;
+    *batch_index = 0;
+    return LLM_SUCCESS;
+  }
+  std::shared_ptr<RemoteCache> rc;
+  if ((st = FindLateKey(t.link, kQueryByBatchKey, key, NowNs() + wait_time_ms_ * kMsNs, &rc)) != LLM_SUCCESS)
+    return st;
+  const int where = KeyIn(*rc, key, batch_index);  // the answer holds it (engine/late.cc checked)
+  if (where == 2) return released();
+  *cache_id = rc->id;
+  if (where != 1) *batch_index = 0;
+  return LLM_SUCCESS;
 }
 
 // Row src.batch_index of a contiguous remote cache, cut into local blocks: chunk j -> dst_blocks[j].

@@ -145,12 +145,18 @@ std::shared_ptr<RemoteCache> Link::FindCache(int64_t id) {
 
 void Link::AddLate(std::shared_ptr<RemoteCache> rc) {
   std::unique_lock<std::shared_mutex> g(late_mu);
+  const int64_t id = rc->id;
+  auto it = late.find(id);
+  if (it != late.end()) {
+    it->second = std::move(rc);  // a fresher answer (keys bound since); transfers keep the old one
+    return;
+  }
   while (late.size() >= kMaxLateCaches && !late_order.empty()) {
     late.erase(late_order.front());
     late_order.pop_front();
   }
-  const int64_t id = rc->id;
-  if (late.emplace(id, std::move(rc)).second) late_order.push_back(id);
+  late.emplace(id, std::move(rc));
+  late_order.push_back(id);
 }
 
 std::shared_ptr<RemoteCache> Link::ForgetLate(int64_t id) {

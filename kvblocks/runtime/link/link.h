@@ -79,7 +79,7 @@ struct Link {
   // Link-time table first (no lock; a pointer that does not own: valid while the link is held),
   // then `late` (shared lock); never asks the peer. Null when neither has it.
   std::shared_ptr<RemoteCache> FindCache(int64_t id);
-  void AddLate(std::shared_ptr<RemoteCache> rc);  // under late_mu: makes room first
+  void AddLate(std::shared_ptr<RemoteCache> rc);  // under late_mu: makes room first; a newer answer replaces
   std::shared_ptr<RemoteCache> ForgetLate(int64_t id);  // removes it from `late`; returns it
   bool Shown(int64_t id);  // `shown` or `late_shown`
   ChannelOpener open_channel;  // opener side: connects and authenticates one more channel
@@ -101,7 +101,7 @@ struct Link {
   std::set<int64_t> gone_acked;  // our cache ids the peer confirmed it stopped using
   uint64_t notify_seq = 0;                    // NOTIFYs we sent
   std::map<uint64_t, uint32_t> notify_acks;  // their NOTIFY_ACK statuses, until the sender takes them
-  // CACHE_QUERYs in flight, by cache id: the query's seq, the answer's status (kLatePending until
+  // CACHE_QUERYs in flight, by (kind, cache id or key): the query's seq, the answer's status (kLatePending until
   // it comes) and the callers waiting for it; the last to leave erases it, so an answer nobody
   // waits for is dropped.
   struct LateQuery {
@@ -110,7 +110,7 @@ struct Link {
     int waiters = 0;
     std::shared_ptr<RemoteCache> entry;  // the answer's, when found
   };
-  std::map<int64_t, LateQuery> late_queries;
+  std::map<std::pair<int, int64_t>, LateQuery> late_queries;
   uint64_t late_seq = 0;  // CACHE_QUERYs we sent
   std::mutex ctrl_write_mu;
 

@@ -200,14 +200,25 @@ void Encode(const CacheQuery &m, std::string *out) {
   Writer w;
   w.Put<int64_t>(m.cache_id);
   w.Put<uint64_t>(m.seq);
+  if (m.kind != kQueryById) {
+    w.Put<uint8_t>(m.kind);
+    w.Put<int64_t>(m.key);
+  }
   *out = std::move(w.buf);
 }
 
 bool Decode(const std::string &in, CacheQuery *m) {
+  m->kind = kQueryById;
+  m->key = -1;
   return DecodeAll(in, [&](Reader *r) {
     m->cache_id = r->Get<int64_t>();
     m->seq = r->Get<uint64_t>();
-  });
+    if (r->off == r->n) return;  // by id: the capability-32 form
+    const uint8_t kind = r->Get<uint8_t>();
+    m->key = r->Get<int64_t>();
+    if (kind != kQueryByCacheKey && kind != kQueryByBatchKey) return void(r->ok = false);
+    m->kind = static_cast<CacheQueryKind>(kind);
+  }) && (m->kind == kQueryById || (m->key >= 0 && m->cache_id == 0));
 }
 
 void Encode(const CacheInfo &m, std::string *out) {

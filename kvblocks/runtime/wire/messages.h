@@ -72,6 +72,7 @@ enum Capability : uint64_t {
   kCapInProcess = 1 << 3,     // plain memcpy between two engines of one process
   kCapUcx = 1 << 4,           // UCP get/put on rkeys from the cache table (transport/ucx_path.cc)
   kCapCacheQuery = 1 << 5,    // answers CACHE_QUERY (a cache registered after linking); not a path
+  kCapKeyQuery = 1 << 6,      // answers CACHE_QUERY by cache key and by batch key too; not a path
 };
 
 enum class ConnKind : uint32_t { kCtrl = 1, kDataFwd = 2, kDataRev = 3 };
@@ -138,15 +139,28 @@ struct CacheRef {  // CACHE_GONE and CACHE_GONE_ACK
   int64_t cache_id = 0;
 };
 
-// CACHE_QUERY: describe cache `cache_id` (one the asker's link-time table lacks); `seq` is the
-// asker's, echoed by the answer, so an answer matches exactly one query.
+// What a CACHE_QUERY names. kQueryById is what every kCapCacheQuery peer answers; the key kinds
+// only go to peers that offered kCapKeyQuery.
+enum CacheQueryKind : uint8_t {
+  kQueryById = 1,        // cache `cache_id`
+  kQueryByCacheKey = 2,  // a cache tagged `key` (TableEntry::key; CANN's BlocksCacheKey)
+  kQueryByBatchKey = 3,  // a cache with a batch bound to `key`, else one tagged `key` (CANN's CacheKey)
+};
+
+// CACHE_QUERY: describe cache `cache_id` (one the asker's link-time table lacks), or (a key kind)
+// the cache that holds key `key`; `seq` is the asker's, echoed by the answer, so an answer matches
+// exactly one query. A by-id query is encoded as (cache_id, seq) alone, as peers offering only
+// kCapCacheQuery expect; a key query appends (kind u8, key i64) and carries cache_id 0.
 struct CacheQuery {
   int64_t cache_id = 0;
   uint64_t seq = 0;
+  CacheQueryKind kind = kQueryById;
+  int64_t key = -1;  // key kinds only: >= 0
 };
 
 // CACHE_INFO: the answer to CACHE_QUERY: the cache's table entry (`found`), or none (not
-// registered, or being unregistered). The entry is one link-time table entry, decoded with the same
+// registered, or being unregistered). `cache_id` is the entry's id (a key query answered with none:
+// 0); the asker matches the answer by `seq` and checks the entry holds what it asked. The entry is one link-time table entry, decoded with the same
 // checks (DecodeTable); the decoder refuses anything but zero or one entry, and an entry of another id.
 struct CacheInfo {
   int64_t cache_id = 0;
@@ -209,7 +223,7 @@ bool Decode(const std::string &in, CacheRef *m);
 bool Decode(const std::string &in, XferRequest *m);
 bool Decode(const std::string &in, Notify *m);
 bool Decode(const std::string &in, KeyRef *m);  // false also for a negative key
-bool Decode(const std::string &in, CacheQuery *m);
+bool Decode(const std::string &in, CacheQuery *m);  // false also for a bad kind or key
 bool Decode(const std::string &in, CacheInfo *m);
 
 }  // namespace kvblocks
