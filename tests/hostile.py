@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """A hand-written client that speaks the kvblocks wire protocol (docs/protocol.md) directly."""
+import hashlib
+import hmac
+import ipaddress
 import os
 import socket
 import struct
 
 MAGIC = 0x3142564B
-VERSION = 4
+VERSION = 5
 CAP_TCP = 1
 HDR = struct.Struct("<IHHIIQ")
 HELLO, CHALLENGE, AUTH, HELLO_ACK, CONFIRM, CONFIRM_ACK, BIND, LINK_INFO = 1, 2, 3, 4, 5, 6, 7, 8
@@ -61,16 +64,47 @@ def recv_frame(s):
     return type_, status, payload
 
 
+OPENER_LABEL, LISTENER_LABEL, BIND_LABEL = b"kvblocks-v5-opener", b"kvblocks-v5-listener", b"kvblocks-v5-bind"
+
+
+def endpoint(ip=None, port=0):
+    """The listener-address field of a transcript: family u8, ip[16], port u16 (all zero: none, as
+    without a token); IPv4 and IPv4-mapped IPv6 are family 4."""
+    if ip is None:
+        return bytes(19)
+    a = ipaddress.ip_address(ip)
+    if a.version == 6 and a.ipv4_mapped:
+        a = a.ipv4_mapped
+    return bytes([a.version]) + a.packed.ljust(16, b"\0") + struct.pack("<H", port)
+
+
+def transcript(kind, opener, listener, client_nonce, server_nonce, where=None, version=VERSION):
+    """What every proof of a connection covers (docs/protocol.md, "Handshake"), 75 bytes."""
+    where = endpoint() if where is None else where
+    return struct.pack("<IIQQ", version, kind, opener, listener) + client_nonce + server_nonce + where
+
+
+def mac(key, label, tr):
+    """HMAC-SHA256(key, len(label) u8 || label || transcript): every proof and BIND."""
+    return hmac.new(key, bytes([len(label)]) + label + tr, hashlib.sha256).digest()
+
+
+# The cluster id of each listener (ip, port) a control handshake here learned from its LINK_INFO:
+# a data channel's BIND names it.
+_listener_ids = {}
+
+
 def authenticate(port, kind, cluster_id, ip="127.0.0.1"):
-    """HELLO .. HELLO_ACK without a token; returns (socket, HELLO_ACK status)."""
+    """HELLO .. HELLO_ACK without a token; returns (socket, HELLO_ACK status, (client nonce, server nonce))."""
     s = socket.create_connection((ip, port), timeout=5)
-    send_frame(s, HELLO, struct.pack("<IIQ", VERSION, kind, cluster_id) + os.urandom(16))
-    t, _, _ = recv_frame(s)
+    nonce = os.urandom(16)
+    send_frame(s, HELLO, struct.pack("<IIQ", VERSION, kind, cluster_id) + nonce)
+    t, _, challenge = recv_frame(s)
     assert t == CHALLENGE
     send_frame(s, AUTH, b"\0" * 33)
     t, status, _ = recv_frame(s)
     assert t == HELLO_ACK
-    return s, status
+    return s, status, (nonce, challenge[:16])
 
 
 def identity(boot_id=b"\0" * 16, netns=0, instance=0, probe_addr=0, probe_value=0):
@@ -98,16 +132,21 @@ def parse_link_info(payload):
                 table=payload[off + 16:-32], proof=payload[-32:])
 
 
-def handshake(port, kind, cluster_id, token=b"\0" * 16, info=None, ip="127.0.0.1"):
-    """A whole handshake: LINK_INFO on control connections (kind 1), BIND on data channels."""
-    s, status = authenticate(port, kind, cluster_id, ip)
+def handshake(port, kind, cluster_id, token=b"\0" * 16, info=None, ip="127.0.0.1", listener=None):
+    """A whole handshake without an AuthToken: LINK_INFO on control connections (kind 1), BIND on data
+    channels: the MAC of this connection's transcript under the link `token`, naming the listener's
+    cluster id `listener` (default: the one an earlier control handshake to that address learned)."""
+    s, status, (cn, sn) = authenticate(port, kind, cluster_id, ip)
     assert status == 0
     if kind == 1:
         send_frame(s, LINK_INFO, link_info(cluster_id) if info is None else info)
         t, status, payload = recv_frame(s)
         assert t == LINK_INFO
+        if status == 0:
+            _listener_ids[(ip, port)] = struct.unpack_from("<Q", payload)[0]
     else:
-        send_frame(s, BIND, token)
+        listener = _listener_ids.get((ip, port), 0) if listener is None else listener
+        send_frame(s, BIND, mac(token, BIND_LABEL, transcript(kind, cluster_id, listener, cn, sn)))
         t, status, payload = recv_frame(s)
         assert t == BIND
     return s, status, payload

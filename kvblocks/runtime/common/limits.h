@@ -15,8 +15,9 @@ constexpr int64_t kSecNs = 1000LL * kMsNs;
 constexpr uint32_t kMagic = 0x3142564BU;  // "KVB1" little-endian
 // 2: capability bitmask and per-transport table descriptors. 3: fixed-size HELLO; identity, tables
 // and link tokens only after mutual authentication; verified same-process/same-host paths. 4: data
-// of READ_RESP and inline WRITE_REQ frames padded to a 64-byte offset (wire/messages.h).
-constexpr uint32_t kProtocolVersion = 4;
+// of READ_RESP and inline WRITE_REQ frames padded to a 64-byte offset (wire/messages.h). 5: proofs
+// and BIND cover the whole handshake transcript (kind, both cluster ids, the listener's address).
+constexpr uint32_t kProtocolVersion = 5;
 constexpr uint64_t kMaxControlPayload = 64ULL << 20;  // any frame but READ_RESP data
 // A CACHE_INFO payload: cache id, count and one table entry. An honest one is at most 16 MiB and a
 // little: kMaxTableTensors addresses and as many batch keys (8 bytes each), plus fixed fields.

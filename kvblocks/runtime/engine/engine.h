@@ -134,7 +134,7 @@ class Impl {
   LocalFds OurMemfds(const std::vector<TableEntry> &caches, std::vector<std::shared_ptr<CacheEntry>> *keep);
   Status UnlinkOne(const ClusterInfo &ci, int32_t timeout_ms, bool force);
   void HandleAccepted(int fd);
-  void AcceptChannel(int fd, const struct Hello &hello, int64_t deadline);
+  void AcceptChannel(int fd, const struct Hello &hello, const struct Transcript &t, int64_t deadline);
   void AcceptControl(int fd, const struct Hello &hello, const uint8_t *server_nonce, int64_t deadline);
   void CtrlLoop(std::shared_ptr<struct Link> link);
   void ServeConnection(int fd, std::shared_ptr<struct Link> link);

@@ -159,12 +159,12 @@ int Impl::OpenChannel(const std::shared_ptr<struct Link> &link, ConnKind kind, i
   hello.kind = kind;
   hello.cluster_id = cluster_id_;
   RandomBytes(hello.nonce, sizeof(hello.nonce));
-  uint8_t server_nonce[kNonceBytes];
-  *st = ClientHandshake(fd, hello, auth_token_, deadline, server_nonce);
+  Transcript t;
+  *st = ClientHandshake(fd, hello, link->remote_cluster_id, auth_token_, deadline, &t);
   if (*st == LLM_SUCCESS) {
-    // The link token only now, to a listener that has proven itself.
-    Bind bind;
-    memcpy(bind.link_token, link->token, sizeof(bind.link_token));
+    // Only now, to a listener that has proven itself; a MAC of this connection's transcript under
+    // the link token, good for this channel of this link only.
+    const Bind bind = BindFor(link->token, t);
     FrameHeader h;
     std::string tmp;
     IoResult r = SendMessage(fd, kBind, 0, bind, deadline);
@@ -253,8 +253,8 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
   Hello hello;
   hello.cluster_id = cluster_id_;
   RandomBytes(hello.nonce, sizeof(hello.nonce));
-  uint8_t server_nonce[kNonceBytes];
-  st = ClientHandshake(fd, hello, auth_token_, deadline, server_nonce);
+  Transcript t;
+  st = ClientHandshake(fd, hello, ci.remote_cluster_id, auth_token_, deadline, &t);
   if (st != LLM_SUCCESS) return fail(st == LLM_TIMEOUT ? st : LLM_LINK_FAILED);
 
   // Authenticated both ways: now identity, clock and cache table.
@@ -264,7 +264,7 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
   FillLinkInfo(&mine.info);
   std::string payload;
   Encode(mine, &payload);
-  SealLinkInfo('O', hello.nonce, server_nonce, &payload);
+  SealLinkInfo('O', hello.nonce, t.server_nonce, &payload);
   FrameHeader h;
   const int64_t sent = NowNs();  // the acceptor reads its clock after this and before t1
   IoResult ir = SendFrame(fd, kLinkInfo, 0, payload, deadline);
@@ -291,7 +291,7 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
   }
   auto link = NewLink(theirs.cluster_id, theirs.info);
   for (const auto &c : mine.info.caches) link->shown.insert(c.id);
-  link->same_process = FromThisProcess('A', hello.nonce, server_nonce, payload);
+  link->same_process = FromThisProcess('A', hello.nonce, t.server_nonce, payload);
   memcpy(link->token, theirs.link_token, sizeof(link->token));
   // Each side converts deadlines with the bound of the offset that puts them earliest in the peer's
   // clock: a server then stops no later than the requester's real deadline, so nothing lands after
@@ -447,9 +447,9 @@ Status Impl::UnlinkCluster(uint64_t remote_cluster_id, int32_t timeout_ms) {
 // ------------------------------------------------------------------ acceptor side
 void Impl::HandleAccepted(int fd) {
   Hello hello;
-  uint8_t server_nonce[kNonceBytes];
+  Transcript t;
   // Unauthenticated: kAuthNs at most, and a slot that a newer connection may take (ListenLoop).
-  const bool ok = ServerHandshake(fd, auth_token_, NowNs() + kAuthNs, &hello, server_nonce);
+  const bool ok = ServerHandshake(fd, auth_token_, cluster_id_, NowNs() + kAuthNs, &hello, &t);
   {
     std::lock_guard<std::mutex> g(workers_mu_);
     preauth_.erase(fd);
@@ -461,15 +461,15 @@ void Impl::HandleAccepted(int fd) {
   }
   const int64_t deadline = NowNs() + kHandshakeNs;
   if (hello.kind == ConnKind::kCtrl) {
-    AcceptControl(fd, hello, server_nonce, deadline);
+    AcceptControl(fd, hello, t.server_nonce, deadline);
   } else {
-    AcceptChannel(fd, hello, deadline);
+    AcceptChannel(fd, hello, t, deadline);
   }
 }
 
-// A data channel of an existing link, proven by the link token; at most kMaxRequesterChannels
-// per link and direction.
-void Impl::AcceptChannel(int fd, const Hello &hello, int64_t deadline) {
+// A data channel of an existing link, proven by a MAC of this connection's transcript under the
+// link token; at most kMaxRequesterChannels per link and direction.
+void Impl::AcceptChannel(int fd, const Hello &hello, const Transcript &t, int64_t deadline) {
   auto drop = [&] {
     ForgetLoose(fd);
     close(fd);
@@ -479,9 +479,11 @@ void Impl::AcceptChannel(int fd, const Hello &hello, int64_t deadline) {
   Bind bind;
   if (!RecvTyped(fd, kBind, deadline, &h, &payload, 64) || !Decode(payload, &bind)) return drop();
   auto link = links_.FindAlive(hello.cluster_id);
-  Status st = link && !link->opener && ConstantTimeEqual(link->token, bind.link_token, sizeof(link->token))
-                  ? LLM_SUCCESS
-                  : LLM_NOT_YET_LINK;
+  Status st = LLM_NOT_YET_LINK;
+  if (link && !link->opener) {
+    const Bind expect = BindFor(link->token, t);
+    if (ConstantTimeEqual(expect.mac, bind.mac, sizeof(bind.mac))) st = LLM_SUCCESS;
+  }
   if (st == LLM_SUCCESS) {
     std::lock_guard<std::mutex> g(link->mu);
     const int have = hello.kind == ConnKind::kDataFwd ? link->served_channels : link->requester_channels;

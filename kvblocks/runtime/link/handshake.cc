@@ -24,30 +24,60 @@ bool RecvMessage(int fd, uint16_t type, int64_t deadline, M *m, uint64_t max) {
   return RecvHeader(fd, &h, deadline) == IoResult::kOk && h.type == type && h.length <= max &&
          RecvPayload(fd, h, &payload, deadline, max) == IoResult::kOk && Decode(payload, m);
 }
+
+void Mac(const uint8_t *key, size_t key_len, const char *label, const Transcript &t, uint8_t out[kProofBytes]) {
+  std::string bytes;
+  Encode(t, &bytes);
+  Proof(key, key_len, label, bytes, out);
+}
+
+void TokenProof(const std::string &token, const char *label, const Transcript &t, uint8_t out[kProofBytes]) {
+  Mac(reinterpret_cast<const uint8_t *>(token.data()), token.size(), label, t, out);
+}
+
+// Everything but the address, as both sides know it from the HELLO and the CHALLENGE.
+void FillTranscript(const Hello &hello, uint64_t listener_cluster_id, const uint8_t *server_nonce, Transcript *t) {
+  *t = Transcript();
+  t->kind = hello.kind;
+  t->opener_cluster_id = hello.cluster_id;
+  t->listener_cluster_id = listener_cluster_id;
+  memcpy(t->client_nonce, hello.nonce, kNonceBytes);
+  memcpy(t->server_nonce, server_nonce, kNonceBytes);
+}
 }  // namespace
 
-Status ClientHandshake(int fd, const Hello &hello, const std::string &token, int64_t deadline,
-                       uint8_t server_nonce[kNonceBytes]) {
+Bind BindFor(const uint8_t link_token[16], const Transcript &t) {
+  Bind b;
+  Mac(link_token, 16, kBindLabel, t, b.mac);
+  return b;
+}
+
+Status ClientHandshake(int fd, const Hello &hello, uint64_t listener_cluster_id, const std::string &token,
+                       int64_t deadline, Transcript *t) {
   IoResult r = SendMessage(fd, kHello, 0, hello, deadline);
   if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: sending HELLO failed");
   Challenge ch;
   if (!RecvMessage(fd, kChallenge, deadline, &ch, kMaxChallengeBytes))
     return Fail(NowNs() >= deadline ? LLM_TIMEOUT : LLM_LINK_FAILED, "handshake: no valid CHALLENGE from the listener");
-  memcpy(server_nonce, ch.nonce, kNonceBytes);
+  FillTranscript(hello, listener_cluster_id, ch.nonce, t);
+  // With a token the proofs also name the address we dialled: a proof relayed to another listener
+  // (or through a proxy) does not check out there. Without one nothing is authenticated anyway.
+  if (!token.empty() && !ListenerEndpoint(fd, true, &t->listener))
+    return Fail(LLM_LINK_FAILED, "handshake: the listener's address is unknown");
   // Always answer the challenge first, so a listener with a different token sees and logs it. The
   // proof is all we send before the listener has proven itself: identity, tables and link tokens
   // follow only after HELLO_ACK, and only to a listener whose proof checked out.
   AuthProof auth;
   if (!token.empty()) {
     auth.has_proof = true;
-    Proof(token, kClientLabel, hello.nonce, ch.nonce, auth.proof);
+    TokenProof(token, kOpenerLabel, *t, auth.proof);
   }
   r = SendMessage(fd, kAuth, 0, auth, deadline);
   if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: sending AUTH failed");
   bool server_ok = true;
   if (!token.empty()) {
     uint8_t expect[kProofBytes];
-    Proof(token, kServerLabel, hello.nonce, ch.nonce, expect);
+    TokenProof(token, kListenerLabel, *t, expect);
     server_ok = ch.has_proof && ConstantTimeEqual(expect, ch.proof, kProofBytes);
   }
   if (token.empty() && ch.auth_required) {
@@ -55,8 +85,11 @@ Status ClientHandshake(int fd, const Hello &hello, const std::string &token, int
     return Fail(LLM_LINK_FAILED, "the listener requires kvblocks.AuthToken and none is set");
   }
   if (!server_ok) {
-    LogWarn("link refused: the listener did not prove knowledge of kvblocks.AuthToken");
-    return Fail(LLM_LINK_FAILED, "the listener did not prove knowledge of kvblocks.AuthToken");
+    LogWarn("link refused: the listener did not prove knowledge of kvblocks.AuthToken as cluster %llu at the "
+            "address dialled", static_cast<unsigned long long>(listener_cluster_id));
+    return Fail(LLM_LINK_FAILED, "the listener did not prove knowledge of kvblocks.AuthToken as cluster %llu at the "
+                "address dialled (another token, another cluster, or a relay)",
+                static_cast<unsigned long long>(listener_cluster_id));
   }
   FrameHeader h;
   std::string ack;
@@ -70,8 +103,8 @@ Status ClientHandshake(int fd, const Hello &hello, const std::string &token, int
   return LLM_SUCCESS;
 }
 
-bool ServerHandshake(int fd, const std::string &token, int64_t deadline, Hello *hello,
-                     uint8_t server_nonce[kNonceBytes]) {
+bool ServerHandshake(int fd, const std::string &token, uint64_t cluster_id, int64_t deadline, Hello *hello,
+                     Transcript *t) {
   // The HELLO is fixed-size: a longer announcement is refused before anything is allocated.
   if (!RecvMessage(fd, kHello, deadline, hello, kHelloBytes)) {
     SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + kErrorReplyNs);
@@ -79,11 +112,14 @@ bool ServerHandshake(int fd, const std::string &token, int64_t deadline, Hello *
   }
   Challenge ch;
   RandomBytes(ch.nonce, sizeof(ch.nonce));
-  memcpy(server_nonce, ch.nonce, kNonceBytes);
+  FillTranscript(*hello, cluster_id, ch.nonce, t);
+  // Our own cluster id and our own end of this socket: a proof the opener made for another
+  // listener names another cluster or another address.
+  if (!token.empty() && !ListenerEndpoint(fd, false, &t->listener)) return false;
   ch.auth_required = !token.empty();
   if (!token.empty()) {
     ch.has_proof = true;
-    Proof(token, kServerLabel, hello->nonce, ch.nonce, ch.proof);
+    TokenProof(token, kListenerLabel, *t, ch.proof);
   }
   AuthProof auth;
   if (SendMessage(fd, kChallenge, 0, ch, deadline) != IoResult::kOk ||
@@ -91,10 +127,12 @@ bool ServerHandshake(int fd, const std::string &token, int64_t deadline, Hello *
     return false;
   if (!token.empty()) {
     uint8_t expect[kProofBytes];
-    Proof(token, kClientLabel, hello->nonce, ch.nonce, expect);
+    TokenProof(token, kOpenerLabel, *t, expect);
     if (!auth.has_proof || !ConstantTimeEqual(expect, auth.proof, kProofBytes)) {
-      LogWarn("rejected a link from cluster %llu: %s kvblocks.AuthToken",
-              static_cast<unsigned long long>(hello->cluster_id), auth.has_proof ? "wrong" : "missing");
+      // "wrong": another token, or a proof made for another connection, cluster or address (a relay).
+      LogWarn("rejected a link from cluster %llu: %s", static_cast<unsigned long long>(hello->cluster_id),
+              auth.has_proof ? "wrong kvblocks.AuthToken proof (another token, or made for another listener)"
+                             : "missing kvblocks.AuthToken");
       SendFrame(fd, kHelloAck, LLM_LINK_FAILED, nullptr, 0, deadline);
       return false;
     }

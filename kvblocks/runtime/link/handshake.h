@@ -13,13 +13,18 @@
 namespace kvblocks {
 
 // Opener side, up to HELLO_ACK: LLM_SUCCESS once both sides are authenticated (or why not).
-// `server_nonce` gets the CHALLENGE nonce (for the in-process proof).
-llm_datadist::Status ClientHandshake(int fd, const Hello &hello, const std::string &token, int64_t deadline,
-                                     uint8_t server_nonce[kNonceBytes]);
+// `listener_cluster_id` is the cluster the opener means to reach; `t` gets this connection's
+// transcript (the BIND and the in-process proof use it).
+llm_datadist::Status ClientHandshake(int fd, const Hello &hello, uint64_t listener_cluster_id, const std::string &token,
+                                     int64_t deadline, Transcript *t);
 // Acceptor side, up to and including HELLO_ACK(0). False when the connection must be dropped; the
 // peer has then been answered where the protocol says so. Reads at most a few hundred bytes.
-bool ServerHandshake(int fd, const std::string &token, int64_t deadline, Hello *hello,
-                     uint8_t server_nonce[kNonceBytes]);
+// `cluster_id` is this listener's own.
+bool ServerHandshake(int fd, const std::string &token, uint64_t cluster_id, int64_t deadline, Hello *hello,
+                     Transcript *t);
+// A data channel's BIND for the link whose data-channel token is `link_token`, on the connection
+// whose transcript is `t`.
+Bind BindFor(const uint8_t link_token[16], const Transcript &t);
 
 }  // namespace kvblocks
 

@@ -391,6 +391,35 @@ int ConnectTcp(const std::string &ip, uint16_t port, int64_t deadline, Status *s
   return fd;
 }
 
+bool ListenerEndpoint(int fd, bool opener, Endpoint *out) {
+  sockaddr_storage ss;
+  socklen_t len = sizeof(ss);
+  memset(&ss, 0, sizeof(ss));
+  const int rc = opener ? getpeername(fd, reinterpret_cast<sockaddr *>(&ss), &len)
+                        : getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &len);
+  if (rc != 0) return false;
+  *out = Endpoint();
+  if (ss.ss_family == AF_INET) {
+    const auto *a4 = reinterpret_cast<const sockaddr_in *>(&ss);
+    out->family = 4;
+    memcpy(out->ip, &a4->sin_addr, 4);
+    out->port = ntohs(a4->sin_port);
+    return true;
+  }
+  if (ss.ss_family != AF_INET6) return false;
+  const auto *a6 = reinterpret_cast<const sockaddr_in6 *>(&ss);
+  out->port = ntohs(a6->sin6_port);
+  // A dual-stack listener sees an IPv4 opener as ::ffff:a.b.c.d; the opener dialled a.b.c.d.
+  if (IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr)) {
+    out->family = 4;
+    memcpy(out->ip, a6->sin6_addr.s6_addr + 12, 4);
+  } else {
+    out->family = 6;
+    memcpy(out->ip, a6->sin6_addr.s6_addr, 16);
+  }
+  return true;
+}
+
 int ListenTcp(const std::string &ip, uint32_t port, Status *st) {
   sockaddr_storage ss;
   socklen_t len;

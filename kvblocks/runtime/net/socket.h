@@ -59,6 +59,10 @@ IoResult SendMessage(int fd, uint16_t type, uint32_t status, const M &msg, int64
 
 int ConnectTcp(const std::string &ip, uint16_t port, int64_t deadline, llm_datadist::Status *st);
 int ListenTcp(const std::string &ip, uint32_t port, llm_datadist::Status *st);
+// The listener's address on connection `fd` (what a handshake proof covers): the opener asks for
+// the peer's address (the one it dialled), the listener for its own end of the accepted socket.
+// False when the kernel does not say, or for a socket that is not TCP over IPv4/IPv6.
+bool ListenerEndpoint(int fd, bool opener, Endpoint *out);
 void TuneSocket(int fd);
 
 // While one lives, reads on this thread wait in poll() without spinning first (see WaitFd): for

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104) for the link challenge-response.
 // Self-contained so the runtime needs no TLS library; only ever used on short handshake messages.
+#include <algorithm>
 #include <cstring>
 
 #include "security/auth.h"
@@ -115,14 +116,12 @@ bool ConstantTimeEqual(const uint8_t *a, const uint8_t *b, size_t n) {
   return d == 0;
 }
 
-void Proof(const std::string &token, const char *label, const uint8_t *client_nonce, const uint8_t *server_nonce,
-           uint8_t out[32]) {
-  uint8_t msg[64];
+void Proof(const uint8_t *key, size_t key_len, const char *label, const std::string &transcript, uint8_t out[32]) {
   const size_t l = strlen(label);
-  memcpy(msg, label, l);
-  memcpy(msg + l, client_nonce, kNonceBytes);
-  memcpy(msg + l + kNonceBytes, server_nonce, kNonceBytes);
-  HmacSha256(reinterpret_cast<const uint8_t *>(token.data()), token.size(), msg, l + 2 * kNonceBytes, out);
+  std::string msg(1, static_cast<char>(l));
+  msg.append(label, l);
+  msg += transcript;
+  HmacSha256(key, key_len, reinterpret_cast<const uint8_t *>(msg.data()), msg.size(), out);
 }
 
 }  // namespace kvblocks

@@ -149,12 +149,26 @@ bool Decode(const std::string &in, LinkInfoMsg *m) {
 
 void Encode(const Bind &m, std::string *out) {
   Writer w;
-  w.PutBytes(m.link_token, sizeof(m.link_token));
+  w.PutBytes(m.mac, sizeof(m.mac));
   *out = std::move(w.buf);
 }
 
 bool Decode(const std::string &in, Bind *m) {
-  return DecodeAll(in, [&](Reader *r) { r->GetBytes(m->link_token, sizeof(m->link_token)); });
+  return DecodeAll(in, [&](Reader *r) { r->GetBytes(m->mac, sizeof(m->mac)); });
+}
+
+void Encode(const Transcript &m, std::string *out) {
+  Writer w;
+  w.Put<uint32_t>(kProtocolVersion);
+  w.Put<uint32_t>(static_cast<uint32_t>(m.kind));
+  w.Put<uint64_t>(m.opener_cluster_id);
+  w.Put<uint64_t>(m.listener_cluster_id);
+  w.PutBytes(m.client_nonce, sizeof(m.client_nonce));
+  w.PutBytes(m.server_nonce, sizeof(m.server_nonce));
+  w.Put<uint8_t>(m.listener.family);
+  w.PutBytes(m.listener.ip, sizeof(m.listener.ip));
+  w.Put<uint16_t>(m.listener.port);
+  *out = std::move(w.buf);
 }
 
 void Encode(const Confirm &m, std::string *out) {

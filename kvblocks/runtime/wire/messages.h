@@ -100,7 +100,7 @@ struct LinkInfo {
 // every byte before it): only an engine of this very process can produce it for fresh nonces.
 struct LinkInfoMsg {
   uint64_t cluster_id = 0;
-  uint8_t link_token[16] = {};  // acceptor only: the token data channels present
+  uint8_t link_token[16] = {};  // acceptor only: the key of data channels' BIND MACs
   LinkInfo info;
   uint8_t inproc_proof[kProofBytes] = {};
 };
@@ -114,8 +114,33 @@ struct Hello {
 };
 constexpr size_t kHelloBytes = 32;
 
-struct Bind {  // a data channel's first message after authentication
-  uint8_t link_token[16] = {};
+// The listener's address as this connection reached it: the opener's getpeername, the
+// listener's getsockname (net/socket.h). IPv4, and IPv4-mapped IPv6, are family 4 with the address
+// in ip[0..4); no scope id, which names an interface of one host only.
+struct Endpoint {
+  uint8_t family = 0;  // 4 or 6; 0 (all zero) without an AuthToken
+  uint8_t ip[16] = {};
+  uint16_t port = 0;
+};
+
+// What every proof of a connection covers (docs/protocol.md, "Handshake"). Never sent: each side
+// fills it from what it sent, received and dialled or accepted, so a proof made for another
+// connection, kind, cluster or listener does not check out. Encoded at a fixed size.
+struct Transcript {
+  ConnKind kind = ConnKind::kCtrl;
+  uint64_t opener_cluster_id = 0;    // the HELLO's
+  uint64_t listener_cluster_id = 0;  // the opener: the one it links to; the listener: its own
+  uint8_t client_nonce[kNonceBytes] = {};
+  uint8_t server_nonce[kNonceBytes] = {};
+  Endpoint listener;
+};
+constexpr size_t kTranscriptBytes = 75;
+
+// A data channel's first message after authentication: HMAC(link token, kBindLabel || transcript
+// of this connection), so it names one link, one listener and one connection, and the link token
+// itself does not cross the wire again.
+struct Bind {
+  uint8_t mac[kProofBytes] = {};
 };
 
 struct Challenge {
@@ -205,6 +230,7 @@ void Encode(const Challenge &m, std::string *out);
 void Encode(const AuthProof &m, std::string *out);
 void Encode(const LinkInfoMsg &m, std::string *out);
 void Encode(const Bind &m, std::string *out);
+void Encode(const Transcript &m, std::string *out);  // only ever hashed: no decoder
 void Encode(const Confirm &m, std::string *out);
 void Encode(const CacheRef &m, std::string *out);
 void Encode(const XferRequest &m, std::string *out);
