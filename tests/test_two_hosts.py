@@ -93,3 +93,26 @@ def test_pull_and_push_between_two_hosts(two_hosts, transport, tls, monkeypatch)
     finally:
         decoder.close()
         prompt.close()
+
+
+@pytest.mark.parametrize("listen", ["ip", "0.0.0.0"])
+def test_token_link_between_two_hosts(two_hosts, listen, monkeypatch):
+    """Contract: with an AuthToken the proofs name the listener's address as dialled (here a veth
+    IP); the listener, bound to that IP or to the wildcard, sees the same one, so the link works."""
+    ns_a, ns_b, subnet = two_hosts
+    monkeypatch.setenv("KVBLOCKS_UCX_PLUGIN", "off")
+    where = f"{subnet}.1" if listen == "ip" else listen
+    prompt = Peer(1, listen=f"{where}:26556", tensors=TENSORS, blocks=BLOCKS, block_bytes=BB,
+                  prefix=("ip", "netns", "exec", ns_a), role="PROMPT", auth="two-hosts")
+    decoder = Peer(2, tensors=TENSORS, blocks=BLOCKS, block_bytes=BB, prefix=("ip", "netns", "exec", ns_b),
+                   role="MIX", auth="two-hosts")
+    try:
+        assert decoder.call(op="link", cluster=1, ip=f"{subnet}.1", port=26556) == {"rets": [0], "path": "tcp"}
+        assert decoder.call(op="pull", cluster=1, remote_cache=prompt.info["reg"], local="alloc",
+                            src=[2, 4], dst=[0, 1]) == {"ok": True}
+        for t in range(TENSORS):
+            got = decoder.read("alloc", t).reshape(BLOCKS, BB)
+            assert np.array_equal(got[[0, 1]], pattern(1, t, BLOCKS, BB)[[2, 4]])
+    finally:
+        decoder.close()
+        prompt.close()
