@@ -125,7 +125,7 @@ struct Endpoint {
 
 // What every proof of a connection covers (docs/protocol.md, "Handshake"). Never sent: each side
 // fills it from what it sent, received and dialled or accepted, so a proof made for another
-// connection, kind, cluster or listener does not check out. Encoded at a fixed size.
+// connection, kind, cluster or listener does not check out. Encoded at a fixed size (75 bytes).
 struct Transcript {
   ConnKind kind = ConnKind::kCtrl;
   uint64_t opener_cluster_id = 0;    // the HELLO's
@@ -134,7 +134,6 @@ struct Transcript {
   uint8_t server_nonce[kNonceBytes] = {};
   Endpoint listener;
 };
-constexpr size_t kTranscriptBytes = 75;
 
 // A data channel's first message after authentication: HMAC(link token, kBindLabel || transcript
 // of this connection), so it names one link, one listener and one connection, and the link token
