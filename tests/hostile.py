@@ -95,7 +95,13 @@ _listener_ids = {}
 
 
 def authenticate(port, kind, cluster_id, ip="127.0.0.1"):
-    """HELLO .. HELLO_ACK without a token; returns (socket, HELLO_ACK status, (client nonce, server nonce))."""
+    """HELLO .. HELLO_ACK without a token; returns (socket, HELLO_ACK status)."""
+    s, status, _ = authenticate_nonces(port, kind, cluster_id, ip)
+    return s, status
+
+
+def authenticate_nonces(port, kind, cluster_id, ip="127.0.0.1"):
+    """authenticate(), and the nonces a BIND names: (socket, HELLO_ACK status, (client nonce, server nonce))."""
     s = socket.create_connection((ip, port), timeout=5)
     nonce = os.urandom(16)
     send_frame(s, HELLO, struct.pack("<IIQ", VERSION, kind, cluster_id) + nonce)
@@ -136,7 +142,7 @@ def handshake(port, kind, cluster_id, token=b"\0" * 16, info=None, ip="127.0.0.1
     """A whole handshake without an AuthToken: LINK_INFO on control connections (kind 1), BIND on data
     channels: the MAC of this connection's transcript under the link `token`, naming the listener's
     cluster id `listener` (default: the one an earlier control handshake to that address learned)."""
-    s, status, (cn, sn) = authenticate(port, kind, cluster_id, ip)
+    s, status, (cn, sn) = authenticate_nonces(port, kind, cluster_id, ip)
     assert status == 0
     if kind == 1:
         send_frame(s, LINK_INFO, link_info(cluster_id) if info is None else info)

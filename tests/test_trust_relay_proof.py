@@ -38,11 +38,11 @@ def victim():
 
 
 class Relay:
-    """tests/relay.py in its own process: it does not hold the token."""
+    """tests/proof_relay.py in its own process: it does not hold the token."""
 
     def __init__(self, mode, victim_port, cache=0):
         env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "relay.py"), "--mode", mode, "--victim",
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "proof_relay.py"), "--mode", mode, "--victim",
                                       str(victim_port), "--cache", str(cache)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         self.port = self.line(30)["port"]

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """A man in the middle WITHOUT the AuthToken, run as its own process (tests/test_trust_relay_proof.py).
 
-``python tests/relay.py --mode handshake --victim PORT --cache ID``: listens on 127.0.0.1 and, for every
+``python tests/proof_relay.py --mode handshake --victim PORT --cache ID``: listens on 127.0.0.1 and, for every
 connection an honest engine opens to it, opens its own connection to the victim listener and relays
 the handshake (HELLO, CHALLENGE, AUTH) so that the honest engine's proof answers the victim's
 challenge. Once the victim authenticates a relayed control connection, the relay links to the victim
@@ -11,7 +11,7 @@ first 16 bytes. It prints ``{"port": N}`` once listening, then one report line:
 ``{"ctrl_ack": status of the victim's HELLO_ACK, "linked": bool, "read": bytes read or null, "wrote": bool}``
 (and ``"sample"``: the first 16 bytes read, hex).
 
-``python tests/relay.py --mode bytes --victim PORT``: a plain TCP proxy to the victim (it forwards
+``python tests/proof_relay.py --mode bytes --victim PORT``: a plain TCP proxy to the victim (it forwards
 bytes, rewrites nothing). Prints ``{"port": N}`` and runs until killed.
 """
 import argparse
