@@ -7,6 +7,7 @@ a cache of its own at memory B never registered. A verifies the pid at the other
 socket (B), but B is not the process at the far end of A's control connection (H): A must get a TCP
 link to H, B a TCP link to H, nothing read from B's heap and nothing written to it."""
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -157,3 +158,63 @@ def test_honest_same_host_engines_still_get_one_sided_paths(token):
     finally:
         a.finalize()
         b.close()
+
+
+def test_an_older_same_host_peer_that_states_no_ends_gets_tcp():
+    """Contract: a peer that does not state its control connection's ends (kvblocks before the check,
+    tests/old_local_peer.py in its own process) gets a TCP link, even though it answers the old local
+    exchange correctly from its own process."""
+    old = subprocess.Popen([sys.executable, os.path.join(HERE, "old_local_peer.py")], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE)
+    a = _engine(1)
+    try:
+        port = json.loads(old.stdout.readline())["port"]
+        assert a.link_llm_clusters([cluster(CLUSTER, port)], 5000) == [S.LLM_SUCCESS]
+        assert a.link_path(CLUSTER) == "tcp"
+    finally:
+        a.finalize()
+        old.stdin.close()
+        old.wait(5)
+
+
+def _serve_b(port, conn):
+    """B in a child process (forked or spawned): one cache filled with 0x42 until the parent is done."""
+    b = _engine(2, None, port)
+    c = b.allocate_cache(kb.CacheDesc(2, kb.DataType.DT_UINT8, [8, 256]))
+    for t in range(2):
+        c.numpy(t)[:] = 0x42
+    conn.send(c.cache_id)
+    conn.recv()
+    b.finalize()
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_engines_across_a_plain_fork_or_spawn_keep_one_sided_paths(start):
+    """Contract: the check keeps honest same-host paths: B in a child made by a plain fork (or spawn)
+    of this process is reached over shared memory or CMA, and the bytes pulled are B's. This process
+    links two engines of its own first, so its in-process secret exists before the fork: a forked
+    child must not keep it (it would pass for its parent and never try the same-host exchange)."""
+    port = free_port()
+    x, y = _engine(3, None, port), _engine(4)
+    assert y.link_llm_clusters([cluster(3, port)], 5000) == [S.LLM_SUCCESS] and y.link_path(3) == "inprocess"
+    y.finalize()
+    x.finalize()
+    ctx = multiprocessing.get_context(start)
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_serve_b, args=(port, theirs))
+    child.start()
+    a = None
+    try:
+        assert ours.poll(30)
+        cache = ours.recv()
+        a = _engine(1)
+        assert a.link_llm_clusters([cluster(2, port)], 5000) == [S.LLM_SUCCESS]
+        assert a.link_path(2) in ("shm", "cma", "shm+cma")
+        dst = a.allocate_cache(kb.CacheDesc(2, kb.DataType.DT_UINT8, [8, 256]))
+        a.pull_kv_blocks(kb.CacheIndex(2, cache), dst, [5], [5])
+        assert (dst.numpy(1)[5] == 0x42).all()
+    finally:
+        if a:
+            a.finalize()
+        ours.send("done")
+        child.join(10)
