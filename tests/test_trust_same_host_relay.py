@@ -26,10 +26,10 @@ HEAP = 4096  # the bytes of B's unregistered buffer that H announces as a cache:
 TOKEN = "s3cret"
 
 # A's token, B's token, H's token, whether H passes the authentication frames through unchanged.
+# (Tokens on A and B only, H passing the authentication through: no link at all, see below.)
 CASES = {
     "no token": (None, None, None, False),
     "tokens everywhere": (TOKEN, TOKEN, TOKEN, False),
-    "tokens on A and B only": (TOKEN, TOKEN, None, True),
 }
 
 
@@ -75,8 +75,7 @@ def _status(fn):
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_relaying_listener_gets_tcp_never_a_third_process(case):
     """Contract: same-host paths go only to the process that owns the TCP peer. With H relaying the
-    local exchange to B (no token; tokens everywhere; tokens on A and B only, where H cannot link on
-    its own and passes the authentication through instead), A's link to H and B's link to H are TCP,
+    local exchange to B (no token; tokens everywhere), A's link to H and B's link to H are TCP,
     A's pull of H's "cache" reads nothing of B's heap and A's push leaves it unchanged."""
     tok_a, tok_b, tok_h, forward = CASES[case]
     port_b = free_port()
@@ -105,6 +104,28 @@ def test_a_relaying_listener_gets_tcp_never_a_third_process(case):
                  "pull failed": pulled != S.LLM_SUCCESS, "push failed": pushed != S.LLM_SUCCESS}
         assert facts == {"A's path": "tcp", "B's path": "tcp", "A read B's heap": False, "B's heap changed": False,
                          "pull failed": True, "push failed": True}
+    finally:
+        if h:
+            h.close()
+        a.finalize()
+        b.close()
+
+
+def test_without_the_token_a_relay_passing_the_authentication_through_links_to_neither_side():
+    """Tokens on A and B only: H, passing A's authentication frames through to B, is refused by B (the
+    proof names H's address, not B's) and by A (B's proof names B's): no link at all, B's heap untouched."""
+    port_b = free_port()
+    b = Peer(2, listen=f"127.0.0.1:{port_b}", auth=TOKEN)
+    a = _engine(1, TOKEN)
+    h = None
+    try:
+        heap = b.call(op="heap", size=HEAP)
+        h = Relay(port_b, heap["addr"], None, True)
+        assert a.link_llm_clusters([cluster(2, h.port)], 5000) == [S.LLM_LINK_FAILED]
+        assert json.loads(h.proc.stdout.readline()) == {"refused_by_target": True}
+        assert a.link_path(2) == ""
+        assert b.call(op="path", cluster=1)["path"] == ""
+        assert b.call(op="heap", size=HEAP)["hex"] == heap["hex"]
     finally:
         if h:
             h.close()
