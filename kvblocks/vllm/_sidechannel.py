@@ -447,9 +447,10 @@ class SideChannelServer:
         self._send(c, c.session.seal(self._answer(c, msg)))
 
     def _authenticate(self, c: _Conn, msg: Dict[str, Any]) -> None:
-        nc, decode, peer, addr, mac = (msg.get(k) for k in ("nonce", "engine_id", "peer", "addr", "mac"))
-        if msg.get("op") != "auth" or not all(_short_str(v) for v in (nc, decode, peer, addr, mac)):
+        fields = [msg.get(k) for k in ("nonce", "engine_id", "peer", "addr", "mac")]
+        if msg.get("op") != "auth" or not all(_short_str(v) for v in fields):
             raise ValueError("malformed auth message")
+        nc, decode, peer, addr, mac = (str(v) for v in fields)
         if peer != self.engine_id:
             self._send(c, _dump({"ok": False, "error": f"this is engine {self.engine_id!r}, not {peer!r}"}) + b"\n")
             raise ValueError(f"auth for engine {peer!r}")
@@ -469,7 +470,7 @@ class SideChannelServer:
             if not _short_str(rid):
                 return {"ok": False, "error": f"req must be a string of 1 to {MAX_ID} characters"}
             assert c.peer is not None
-            err = (self._handoffs.claim if op == "claim" else self._handoffs.done)(rid, c.peer)
+            err = (self._handoffs.claim if op == "claim" else self._handoffs.done)(str(rid), c.peer)
             if err:
                 logger.warning("kvblocks side channel: refused %s of request %s by %s: %s", op, rid, c.peer, err)
                 return {"ok": False, "error": err}
@@ -493,6 +494,10 @@ class SideChannelServer:
 # ---------------------------------------------------------------------- client
 
 
+class Refused(ValueError):
+    """The producer answered and refused the message (``ok`` false): the connection itself is fine."""
+
+
 class SideChannelClient:
     """One connection to a producer's side channel; thread-safe, reconnects on the next call after an error.
 
@@ -513,7 +518,7 @@ class SideChannelClient:
         self._engine_id, self._peer_engine = engine_id, peer_engine
         self._lock = threading.Lock()
         self._conn: Optional[socket.socket] = None
-        self._f = None
+        self._f: Any = None
         self._session: Optional[_Session] = None
         self.local_ip = "127.0.0.1"
 
@@ -572,7 +577,8 @@ class SideChannelClient:
 
         Raises:
             OSError / ConnectionError / ValueError: the producer is unreachable, not authenticated, closed
-                the connection, did not answer within the timeout, or refused the message (``ok`` false).
+                the connection, did not answer within the timeout, or sent something malformed.
+            Refused: the producer refused the message (``ok`` false).
         """
         with self._lock:
             try:
@@ -586,7 +592,7 @@ class SideChannelClient:
                 self._drop()
                 raise
         if not ans.get("ok"):
-            raise ValueError(f"side channel: {str(ans.get('error', 'refused'))[:200]}")
+            raise Refused(f"side channel: {str(ans.get('error', 'refused'))[:200]}")
         return ans
 
     def close(self) -> None:
@@ -594,4 +600,4 @@ class SideChannelClient:
             self._drop()
 
 
-__all__: List[str] = ["Handoffs", "SideChannelClient", "SideChannelServer", "parse", "PROTOCOL"]
+__all__: List[str] = ["Handoffs", "Refused", "SideChannelClient", "SideChannelServer", "parse", "PROTOCOL"]

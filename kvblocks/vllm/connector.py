@@ -61,7 +61,7 @@ from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvblocks as kb
-from kvblocks.vllm._sidechannel import Handoffs, SideChannelClient, SideChannelServer
+from kvblocks.vllm._sidechannel import Handoffs, Refused, SideChannelClient, SideChannelServer
 
 if TYPE_CHECKING:
     from vllm.attention.backends.abstract import AttentionMetadata
@@ -635,7 +635,7 @@ class _WorkerSide:
                     self.dd.pull_kv_blocks(kb.CacheIndex(p.cluster_id, p.cache_id), self.cache, src, dst)
             ok = True
         except Exception as e:  # noqa: BLE001 - any failure: report the blocks, vLLM recomputes them
-            if p is not None:
+            if p is not None and not isinstance(e, Refused):  # a refused claim leaves the link as it is
                 p.broken = p.broken or p.linked
             logger.warning("KvblocksConnector: request %s: pulling %d blocks from %s failed (%s: %s); vLLM will "
                            "recompute them", job.req_id, len(job.local_block_ids), info.get("engine_id"),

