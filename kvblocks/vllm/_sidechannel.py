@@ -25,8 +25,9 @@ interface), but the checks and bounds are the same.
 
 Bounds (the server runs one selector thread, whatever connects): a line is at most ``MAX_LINE`` bytes and
 JSON at most ``MAX_DEPTH`` deep; a connection has ``AUTH_TIMEOUT_S`` to authenticate; at most
-``max_conns`` connections are open, and a new one pushes out the oldest unauthenticated one (or is closed
-when all are authenticated). Any error on a connection is logged and closes that connection only.
+``MAX_PENDING`` connections are authenticating and ``max_conns`` open in all: a new one pushes out the
+oldest unauthenticated one (or is closed when all are authenticated). Any error on a connection is logged
+and closes that connection only.
 """
 import collections
 import hashlib
@@ -48,7 +49,8 @@ MAX_LINE = 4096  # every message is a few hundred bytes
 MAX_DEPTH = 4  # the deepest message (hello's answer) is 2 deep
 MAX_ID = 256  # request and engine ids (vLLM's are ~50 characters)
 AUTH_TIMEOUT_S = 2.0
-MAX_CONNS = 64
+MAX_PENDING = 64  # connections still authenticating
+MAX_CONNS = 256  # in all (a decode worker keeps one per prefill)
 MAX_OUT = 1 << 16  # answers a client has not read yet; beyond it the client is dropped
 
 
@@ -362,7 +364,9 @@ class SideChannelServer:
             except OSError as e:
                 logger.debug("kvblocks side channel: accept failed: %s", e)
                 return
-            if len(self._conns) >= self._max_conns and not self._push_out_oldest():
+            pending = sum(c.session is None for c in self._conns.values())
+            full = len(self._conns) >= self._max_conns or pending >= MAX_PENDING
+            if full and not self._push_out_oldest():
                 sock.close()  # all authenticated: serve them, not a newcomer
                 continue
             self._open_conn(sock)
