@@ -272,3 +272,25 @@ def test_unreachable_peer_fails_fast():
     c = _decode(port)
     with pytest.raises(OSError):
         c.call({"op": "hello"})
+
+
+def test_replayed_or_forged_message_closes_the_connection():
+    """After the hand-shake every line carries a mac over its sequence number: a line sent again (a replayed
+    "done") or altered is refused and the connection closed, before the message is acted on."""
+    srv, h = _prefill()
+    c = _decode(srv.port)
+    try:
+        for tamper in (lambda line: line, lambda line: line.replace(b'"r2"', b'"r3"')):
+            c.call({"op": "hello"})
+            line = c._session.seal({"op": "done", "req": "r2"})
+            c._f.write(line)
+            c._f.flush()
+            assert c._session.open(c._f.readline())["ok"]
+            c._f.write(tamper(line))  # the same line again, or with another request id
+            c._f.flush()
+            assert c._f.readline() == b""  # closed
+            c.close()
+        assert h.done("r3", "decode-2") is None  # r3 was never bound to decode-1
+    finally:
+        c.close()
+        srv.close()
