@@ -13,13 +13,14 @@ Flow (one request):
    :meth:`update_state_after_alloc` records the local blocks vLLM allocated for them, and
    :meth:`build_connector_meta` hands the (remote blocks -> local blocks) job to the worker.
 3. The decode worker's :meth:`start_load_kv` queues the job on a thread that links to the prefill (once
-   per peer, lazily, checking the layout), pulls the blocks of every layer with one
+   per peer, lazily, checking the layout), claims the request over the side channel (the prefill binds
+   it to this decode and refuses it to any other), pulls the blocks of every layer with one
    ``LlmDataDist.pull_kv_blocks`` call, and tells the prefill over the side channel that it is done.
    :meth:`get_finished` reports the request as received; failed blocks go to
    :meth:`get_block_ids_with_load_errors` so that vLLM recomputes them (use
    ``kv_load_failure_policy="recompute"`` on the decode instance).
 4. The prefill worker's :meth:`get_finished` reports the request as sent (its blocks are freed) once the
-   decode said done, or when the lease (``abort_timeout_s``) expires.
+   decode it was handed to said done, or when the lease (``abort_timeout_s``) expires.
 
 The KV cache must be host memory (vLLM's CPU backend): kvblocks moves host memory. Tensor parallelism 1
 only; no layer-wise push (the pull happens after the whole prefill).
@@ -60,7 +61,7 @@ from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvblocks as kb
-from kvblocks.vllm._sidechannel import SideChannelClient, SideChannelServer
+from kvblocks.vllm._sidechannel import Handoffs, Refused, SideChannelClient, SideChannelServer
 
 if TYPE_CHECKING:
     from vllm.attention.backends.abstract import AttentionMetadata
@@ -432,14 +433,19 @@ class _SchedulerSide:
 # ====================================================================== worker side
 
 
+def _peer_key(info: Dict[str, Any]) -> Tuple[str, str, int, int]:
+    """A prefill is its engine id at its addresses: params naming a known engine id with other addresses
+    make another peer (which must prove that engine id itself), never redirect the known one."""
+    return str(info["engine_id"]), str(info["host"]), int(info["port"]), int(info["notify_port"])
+
+
 class _Peer:
     """A prefill instance this decode worker pulls from: side channel + kvblocks link, set up lazily."""
 
-    def __init__(self, info: Dict[str, Any], opts: _Options):
-        self.engine_id = str(info["engine_id"])
-        self.host, self.port = str(info["host"]), int(info["port"])
-        self.chan = SideChannelClient(self.host, int(info["notify_port"]), opts.auth_token,
-                                      timeout_s=opts.link_timeout_ms / 1000)
+    def __init__(self, info: Dict[str, Any], opts: _Options, my_engine_id: str):
+        self.engine_id, self.host, self.port, notify_port = _peer_key(info)
+        self.chan = SideChannelClient(self.host, notify_port, opts.auth_token, timeout_s=opts.link_timeout_ms / 1000,
+                                      engine_id=my_engine_id, peer_engine=self.engine_id)
         self.lock = threading.Lock()
         self.linked = False
         self.broken = False
@@ -468,11 +474,10 @@ class _WorkerSide:
         self._tensors: List[torch.Tensor] = []  # keep vLLM's tensors alive while registered
         self._server: Optional[SideChannelServer] = None
         self._lock = threading.Lock()
-        # prefill: request id -> lease deadline; "done" notices (id -> arrival time)
-        self._sending: Dict[str, float] = {}
-        self._notified: Dict[str, float] = {}
+        # prefill: held requests, the decode each was handed to, "done" notices (bounded)
+        self._handoffs = Handoffs(retention_s=2 * o.abort_timeout_s + 60)
         # decode
-        self._peers: Dict[str, _Peer] = {}
+        self._peers: Dict[Tuple[str, str, int, int], _Peer] = {}
         self._peers_lock = threading.Lock()
         self._recv_done: Set[str] = set()
         self._load_errors: Set[int] = set()
@@ -526,50 +531,33 @@ class _WorkerSide:
         logger.info("KvblocksConnector: registered %d layers x %d blocks of %d bytes (%s, role %s)",
                     len(tensors), num_blocks, block_bytes, t0.dtype, self.c._kv_role)
         if self.c._is_producer:
-            host, _ = self.c._opts.listen  # type: ignore[misc]
-            self._server = SideChannelServer(host, self.c._opts.notify_port, self._hello, self._on_done,
-                                             self.c._opts.auth_token)
+            o = self.c._opts
+            host, _ = o.listen  # type: ignore[misc]
+            address = "%s:%d" % (o.advertise_host or host, o.notify_port)  # what decodes dial (kv_transfer_params)
+            self._server = SideChannelServer(host, o.notify_port, self.c._engine_id, self._hello, self._handoffs,
+                                             o.auth_token, address=address)
 
     def _hello(self) -> Dict[str, Any]:
         assert self.cache is not None
         return {"engine_id": self.c._engine_id, "cluster_id": self._cluster_id, "cache_id": self.cache.cache_id,
                 **self.layout}
 
-    def _on_done(self, req_id: str) -> None:
-        with self._lock:
-            self._notified[req_id] = time.monotonic()
-
     # -------------------------------------------------------------- per step
 
     def start(self, meta: KvblocksConnectorMetadata) -> None:
-        now = time.monotonic()
-        if meta.reqs_to_send:
-            with self._lock:
-                for rid, lease in meta.reqs_to_send.items():
-                    self._sending[rid] = now + lease
+        for rid, lease in meta.reqs_to_send.items():
+            self._handoffs.hold(rid, lease)
         for job in meta.reqs_to_recv.values():
             assert self._pool is not None
             self._pool.submit(self._pull, job)
 
     def finished(self) -> Tuple[Set[str], Set[str]]:
-        now = time.monotonic()
-        sending: Set[str] = set()
+        released, expired = self._handoffs.finished()
+        for rid in expired:
+            logger.warning("KvblocksConnector: request %s: no decode pulled its blocks within "
+                           "abort_timeout_s=%s; freeing them", rid, self.c._opts.abort_timeout_s)
+        sending = released | expired
         with self._lock:
-            for rid, deadline in list(self._sending.items()):
-                if rid in self._notified:
-                    sending.add(rid)
-                    del self._notified[rid]
-                elif now >= deadline:
-                    logger.warning("KvblocksConnector: request %s: no decode pulled its blocks within "
-                                   "abort_timeout_s=%s; freeing them", rid, self.c._opts.abort_timeout_s)
-                    sending.add(rid)
-            for rid in sending:
-                del self._sending[rid]
-            # "done" for requests we never tracked (aborted, or not yet in a step): forget them eventually
-            horizon = 2 * self.c._opts.abort_timeout_s + 60
-            for rid, t in list(self._notified.items()):
-                if now - t > horizon:
-                    del self._notified[rid]
             recving, self._recv_done = self._recv_done, set()
             self._load_errors_out |= self._load_errors
             self._load_errors = set()
@@ -583,11 +571,11 @@ class _WorkerSide:
     # -------------------------------------------------------------- pulls
 
     def _peer(self, info: Dict[str, Any]) -> _Peer:
-        key = str(info["engine_id"])
+        key = _peer_key(info)
         with self._peers_lock:
             p = self._peers.get(key)
             if p is None:
-                p = self._peers[key] = _Peer(info, self.c._opts)
+                p = self._peers[key] = _Peer(info, self.c._opts, self.c._engine_id)
             return p
 
     def _ensure_linked(self, p: _Peer, info: Dict[str, Any]) -> None:
@@ -642,10 +630,12 @@ class _WorkerSide:
                     dst = dst[::-1]  # tests only: a deliberately wrong mapping
                 self._ensure_linked(p, info)
                 if src:
+                    # bound to this decode before the pull: no other decode's "done" can free them meanwhile
+                    p.chan.call({"op": "claim", "req": str(info.get("request_id"))})
                     self.dd.pull_kv_blocks(kb.CacheIndex(p.cluster_id, p.cache_id), self.cache, src, dst)
             ok = True
         except Exception as e:  # noqa: BLE001 - any failure: report the blocks, vLLM recomputes them
-            if p is not None:
+            if p is not None and not isinstance(e, Refused):  # a refused claim leaves the link as it is
                 p.broken = p.broken or p.linked
             logger.warning("KvblocksConnector: request %s: pulling %d blocks from %s failed (%s: %s); vLLM will "
                            "recompute them", job.req_id, len(job.local_block_ids), info.get("engine_id"),
