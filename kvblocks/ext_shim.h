@@ -17,6 +17,8 @@ namespace kvblocks {
 constexpr const char OPTION_TRANSPORT[] = "kvblocks.Transport";
 constexpr const char OPTION_AUTH_TOKEN[] = "kvblocks.AuthToken";
 constexpr const char OPTION_ROLE_CHECK[] = "kvblocks.RoleCheck";
+constexpr const char OPTION_MAX_LINKS[] = "kvblocks.MaxLinks";
+constexpr const char OPTION_MAX_LINKS_PER_PEER[] = "kvblocks.MaxLinksPerPeer";
 enum class CacheKind : uint8_t { kMix = 0, kBlocks = 1, kCache = 2 };
 inline const char *LastErrorMessage() noexcept { return ""; }
 // Asynchronous transfers are a kvblocks runtime feature: against CANN no handle is ever valid.

@@ -130,7 +130,15 @@ class Impl {
   // links.cc
   Status LinkOne(const ClusterInfo &ci, int32_t timeout_ms);
   Status OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing);
+  int OpenHandshake(const std::string &ip, uint16_t port, ConnKind kind, int64_t deadline, Hello *hello,
+                    uint8_t server_nonce[kNonceBytes], Status *st);
+  // The live link to `peer`, or null; one whose control connection the peer has closed is failed.
+  std::shared_ptr<struct Link> LiveLink(uint64_t peer);
   bool CrossingLoses(uint64_t peer) const;  // under link_state_mu_
+  // Counts a link from `addr` in accepting_: LLM_SUCCESS, or LLM_CLUSTER_NUM_EXCEED_LIMIT (logged,
+  // naming the cap) when it would pass kvblocks.MaxLinks or kvblocks.MaxLinksPerPeer.
+  Status TakeLinkSlot(const std::string &addr);
+  void ReleaseLinkSlot(const std::string &addr);
   LocalFds OurMemfds(const std::vector<TableEntry> &caches, std::vector<std::shared_ptr<CacheEntry>> *keep);
   Status UnlinkOne(const ClusterInfo &ci, int32_t timeout_ms, bool force);
   void HandleAccepted(int fd);
@@ -139,7 +147,7 @@ class Impl {
   void CtrlLoop(std::shared_ptr<struct Link> link);
   void ServeConnection(int fd, std::shared_ptr<struct Link> link);
   void DropLink(const std::shared_ptr<struct Link> &link);
-  std::shared_ptr<struct Link> NewLink(uint64_t remote_cluster_id, const struct LinkInfo &info);
+  std::shared_ptr<struct Link> NewLink(uint64_t remote_cluster_id, struct LinkInfo *info);
   void FillLinkInfo(struct LinkInfo *info);
   int OpenChannel(const std::shared_ptr<struct Link> &link, ConnKind kind, int64_t deadline, Status *st);
   void ForgetLoose(int fd);
@@ -239,6 +247,8 @@ class Impl {
   std::string auth_token_;
   bool role_check_ = false;  // kvblocks.RoleCheck: "0" (default, CANN V2) or "1" (V1 roles)
   bool local_comm_res_ = false;  // CANN: with llm.LocalCommRes a cluster needs no local_ip_infos
+  size_t max_links_ = kDefaultMaxLinks;                 // kvblocks.MaxLinks
+  size_t max_links_per_peer_ = kDefaultMaxLinksPerPeer;  // kvblocks.MaxLinksPerPeer
 
   CacheRegistry caches_;
   // Handshakes hold it shared from snapshotting our cache table until their link is registered;
@@ -249,6 +259,9 @@ class Impl {
   // Registration decisions (insert, adopt, crossing) of both LinkOne and the accepting side.
   std::mutex link_state_mu_;
   std::set<uint64_t> linking_;  // clusters our LinkOne is linking to right now
+  // Peer addresses of control connections accepted past authentication whose link is not
+  // registered yet: they count against the link caps (TakeLinkSlot) as links do.
+  std::multiset<std::string> accepting_;
 
   // listener and worker threads
   std::mutex workers_mu_;

@@ -3,10 +3,13 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <utility>
 
 #include "common/error.h"
 #include "common/util.h"
@@ -20,6 +23,13 @@ namespace kvblocks {
 namespace {
 // Every runtime thread's name (/proc/<pid>/task/<tid>/comm; at most 15 characters).
 constexpr char kThreadName[] = "kvblocks-rt";
+
+// kvblocks.MaxLinks when not set: kDefaultMaxLinks, or fewer when the fd limit is low.
+size_t DefaultMaxLinks() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return kDefaultMaxLinks;
+  return std::max<size_t>(1, std::min<size_t>(kDefaultMaxLinks, rl.rlim_cur / kFdsPerLink));
+}
 
 const char *RoleName(LlmRole r) {
   switch (r) {
@@ -91,6 +101,14 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
     const char *env = getenv("KVBLOCKS_AUTH_TOKEN");
     if (env != nullptr) token = env;
   }
+  size_t max_links = DefaultMaxLinks(), per_peer = kDefaultMaxLinksPerPeer;
+  for (auto opt : {std::make_pair(OPTION_MAX_LINKS, &max_links), std::make_pair(OPTION_MAX_LINKS_PER_PEER, &per_peer)}) {
+    uint64_t n;
+    if (!get(opt.first, &v)) continue;
+    if (!ParseUint(v, 0x7FFFFFFF, &n) || n == 0)
+      return Fail(LLM_PARAM_INVALID, "option %s=\"%s\" is not an integer >= 1", opt.first, v.c_str());
+    *opt.second = n;
+  }
   bool role_check = false;  // CANN V2: transfers do not depend on the role; "1" restores V1 roles
   if (get(OPTION_ROLE_CHECK, &v)) {
     if (v != "0" && v != "1") return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use 0 or 1", OPTION_ROLE_CHECK, v.c_str());
@@ -109,6 +127,8 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   transport_ = transport;
   auth_token_ = token;
   role_check_ = role_check;
+  max_links_ = max_links;
+  max_links_per_peer_ = per_peer;
   if (listen) {
     const Status st = StartListening(listen_ip, listen_port);
     if (st != LLM_SUCCESS) return st;

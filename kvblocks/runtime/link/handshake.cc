@@ -13,25 +13,29 @@ namespace kvblocks {
 using namespace llm_datadist;  // NOLINT: status constants
 
 namespace {
-constexpr uint64_t kMaxChallengeBytes = 64;
-constexpr uint64_t kMaxAuthBytes = 64;
-
-// Receives one frame of `type` and decodes it into `m`.
+// Receives one frame of `type` and decodes it into `m`; one longer than its type may be
+// (kPayloadLimits) is refused from its header.
 template <typename M>
-bool RecvMessage(int fd, uint16_t type, int64_t deadline, M *m, uint64_t max) {
+IoResult RecvMessage(int fd, uint16_t type, int64_t deadline, M *m) {
   FrameHeader h;
   std::string payload;
-  return RecvHeader(fd, &h, deadline) == IoResult::kOk && h.type == type && h.length <= max &&
-         RecvPayload(fd, h, &payload, deadline, max) == IoResult::kOk && Decode(payload, m);
+  IoResult r = RecvHeader(fd, &h, deadline);
+  if (r == IoResult::kOk && h.type != type) r = IoResult::kError;
+  if (r == IoResult::kOk) r = RecvPayload(fd, h, Channel::kHandshake, &payload, deadline);
+  return r == IoResult::kOk && !Decode(payload, m) ? IoResult::kError : r;
 }
 }  // namespace
 
 Status ClientHandshake(int fd, const Hello &hello, const std::string &token, int64_t deadline,
-                       uint8_t server_nonce[kNonceBytes]) {
+                       uint8_t server_nonce[kNonceBytes], bool *dropped) {
+  *dropped = false;
   IoResult r = SendMessage(fd, kHello, 0, hello, deadline);
+  *dropped = r == IoResult::kClosed;
   if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: sending HELLO failed");
   Challenge ch;
-  if (!RecvMessage(fd, kChallenge, deadline, &ch, kMaxChallengeBytes))
+  r = RecvMessage(fd, kChallenge, deadline, &ch);
+  *dropped = r == IoResult::kClosed;
+  if (r != IoResult::kOk)
     return Fail(NowNs() >= deadline ? LLM_TIMEOUT : LLM_LINK_FAILED, "handshake: no valid CHALLENGE from the listener");
   memcpy(server_nonce, ch.nonce, kNonceBytes);
   // Always answer the challenge first, so a listener with a different token sees and logs it. The
@@ -43,6 +47,7 @@ Status ClientHandshake(int fd, const Hello &hello, const std::string &token, int
     Proof(token, kClientLabel, hello.nonce, ch.nonce, auth.proof);
   }
   r = SendMessage(fd, kAuth, 0, auth, deadline);
+  *dropped = r == IoResult::kClosed;
   if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: sending AUTH failed");
   bool server_ok = true;
   if (!token.empty()) {
@@ -61,8 +66,9 @@ Status ClientHandshake(int fd, const Hello &hello, const std::string &token, int
   FrameHeader h;
   std::string ack;
   r = RecvHeader(fd, &h, deadline);
+  *dropped = r == IoResult::kClosed;
   if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: no HELLO_ACK from the listener");
-  if (h.type != kHelloAck || RecvPayload(fd, h, &ack, deadline, 0) != IoResult::kOk)
+  if (h.type != kHelloAck || RecvPayload(fd, h, Channel::kHandshake, &ack, deadline) != IoResult::kOk)
     return Fail(LLM_LINK_FAILED, "handshake: malformed HELLO_ACK");
   if (h.status == LLM_LINK_FAILED && !token.empty())
     return Fail(LLM_LINK_FAILED, "the listener rejected our kvblocks.AuthToken proof");
@@ -71,9 +77,9 @@ Status ClientHandshake(int fd, const Hello &hello, const std::string &token, int
 }
 
 bool ServerHandshake(int fd, const std::string &token, int64_t deadline, Hello *hello,
-                     uint8_t server_nonce[kNonceBytes]) {
+                     uint8_t server_nonce[kNonceBytes], const std::function<bool()> &authenticated) {
   // The HELLO is fixed-size: a longer announcement is refused before anything is allocated.
-  if (!RecvMessage(fd, kHello, deadline, hello, kHelloBytes)) {
+  if (RecvMessage(fd, kHello, deadline, hello) != IoResult::kOk) {
     SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + kErrorReplyNs);
     return false;
   }
@@ -87,7 +93,7 @@ bool ServerHandshake(int fd, const std::string &token, int64_t deadline, Hello *
   }
   AuthProof auth;
   if (SendMessage(fd, kChallenge, 0, ch, deadline) != IoResult::kOk ||
-      !RecvMessage(fd, kAuth, deadline, &auth, kMaxAuthBytes))
+      RecvMessage(fd, kAuth, deadline, &auth) != IoResult::kOk)
     return false;
   if (!token.empty()) {
     uint8_t expect[kProofBytes];
@@ -99,7 +105,7 @@ bool ServerHandshake(int fd, const std::string &token, int64_t deadline, Hello *
       return false;
     }
   }
-  return SendFrame(fd, kHelloAck, LLM_SUCCESS, nullptr, 0, deadline) == IoResult::kOk;
+  return authenticated() && SendFrame(fd, kHelloAck, LLM_SUCCESS, nullptr, 0, deadline) == IoResult::kOk;
 }
 
 }  // namespace kvblocks
