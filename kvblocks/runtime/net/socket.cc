@@ -422,7 +422,7 @@ int ListenTcp(const std::string &ip, uint32_t port, Status *st) {
   }
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd, reinterpret_cast<sockaddr *>(&ss), len) != 0 || listen(fd, 128) != 0) {
+  if (bind(fd, reinterpret_cast<sockaddr *>(&ss), len) != 0 || listen(fd, SOMAXCONN) != 0) {
     const int err = errno;
     LogInfo("cannot listen on %s:%u: %s", ip.c_str(), port, strerror(err));
     close(fd);
