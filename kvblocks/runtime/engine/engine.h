@@ -124,6 +124,10 @@ class Impl {
   Status StartListening(const std::string &ip, uint32_t port);
   void StopListening();
   void ListenLoop(int lfd);
+  void AcceptBatch(int lfd);           // accepts what is queued, each into a slot
+  void AdmitPreauth(int fd);           // under workers_mu_: a slot, dropping the oldest when full
+  void StartHandshake(int fd);         // its HELLO is here (or it closed): a thread takes it
+  void ExpirePreauth(bool all);        // closes waiting connections past kAuthNs (all: every one)
   bool Spawn(std::function<void()> fn);  // false when no thread could be started
   void ReapWorkers(bool all);
   Status CheckRole(bool pull) const;
@@ -267,7 +271,14 @@ class Impl {
   std::mutex workers_mu_;
   std::list<Worker> workers_;
   std::set<int> loose_fds_;  // sockets still handshaking
-  std::map<int, int64_t> preauth_;  // accepted, not yet authenticated: fd -> accept time (slots)
+  // Accepted, not yet authenticated (the kMaxHandshakes slots): fd -> accept time, and whether a
+  // handshake thread has it. Until its whole HELLO has arrived a connection waits in ListenLoop's
+  // poll, without a thread: a connect flood costs the listener an accept and a close each.
+  struct Preauth {
+    int64_t since;
+    bool threaded;
+  };
+  std::map<int, Preauth> preauth_;
   int listen_fd_ = -1;
   std::string listen_ip_;
   uint32_t listen_port_ = 0;

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "kvblocks/error.h"
 #include "common/util.h"
 #include "engine/engine.h"
 #include "link/handshake.h"
@@ -663,6 +664,11 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
   memcpy(mine.link_token, link->token, sizeof(mine.link_token));
   std::shared_lock<std::shared_timed_mutex> table_hold(table_mu_);  // until the link is registered
   FillLinkInfo(&mine.info);
+  if (TableFits(mine.info.caches) != LLM_SUCCESS) {  // the opener would refuse it: say why here
+    LogWarn("refused a link from cluster %llu: %s", static_cast<unsigned long long>(peer), LastErrorMessage());
+    SendFrame(fd, kLinkInfo, LLM_PARAM_INVALID, nullptr, 0, deadline);
+    return drop();
+  }
   for (const auto &c : mine.info.caches) link->shown.insert(c.id);
   if (!link->same_process && (link->capabilities & (kCapSharedMemory | kCapCma)) != 0)
     lfd = ListenLocal(&mine.info.local_name);
