@@ -279,6 +279,7 @@ class Impl {
     bool threaded;
   };
   std::map<int, Preauth> preauth_;
+  int64_t preauth_logged_ = 0;  // when a dropped slot was last logged: a flood logs once a second
   int listen_fd_ = -1;
   std::string listen_ip_;
   uint32_t listen_port_ = 0;

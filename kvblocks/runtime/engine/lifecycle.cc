@@ -279,10 +279,9 @@ void Impl::AdmitPreauth(int fd) {
     auto oldest = preauth_.begin();
     for (auto it = preauth_.begin(); it != preauth_.end(); ++it)
       if (it->second.since < oldest->second.since) oldest = it;
-    static int64_t logged = 0;  // under workers_mu_: a flood logs once a second, not per socket
-    if (NowNs() - logged > kSecNs) {
+    if (NowNs() - preauth_logged_ > kSecNs) {  // a flood logs once a second, not once a socket
       LogWarn("%zu handshakes in progress: dropping the oldest", preauth_.size());
-      logged = NowNs();
+      preauth_logged_ = NowNs();
     }
     if (oldest->second.threaded) {
       shutdown(oldest->first, SHUT_RDWR);  // its thread closes it
