@@ -244,8 +244,8 @@ def _links_under_flood(links, attackers, sockets_each, rate):
 def test_a_connect_flood_never_refuses_a_real_link():
     """Contract: the pre-authentication slots never refuse a real link. 100 links (link, unlink)
     while 4 attacker processes hold 250 sockets each against the listener and replace 2,000 a second
-    each (the 64 slots turn over every few ms): none refused (was ~15 %: a handshake dropped from
-    its slot before CHALLENGE failed the link)."""
+    each (the 64 slots turn over every few ms): none refused (was 5-15 %: a handshake dropped from
+    its slot before CHALLENGE failed the link, LLM_LINK_FAILED)."""
     fails = _links_under_flood(100, 4, 250, 2000)
     assert not fails, fails[:5]
 
@@ -253,7 +253,8 @@ def test_a_connect_flood_never_refuses_a_real_link():
 @pytest.mark.slow
 def test_a_connect_flood_of_8000_sockets_never_refuses_a_real_link():
     """As above at the size of issue 27: 1,000 links while 8 processes hold 1,000 sockets each,
-    replacing 1,000 a second each."""
+    replacing 1,000 a second each (was: most links LLM_TIMEOUT, their SYN dropped from a full accept
+    queue while the listener spent a thread on every socket, or LLM_LINK_FAILED)."""
     fails = _links_under_flood(1000, 8, 1000, 1000)
     assert not fails, fails[:5]
 
