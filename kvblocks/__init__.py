@@ -55,6 +55,8 @@ try:
         OPTION_GLOBAL_RESOURCE_CONFIG,
         OPTION_LISTEN_IP_INFO,
         OPTION_LOCAL_COMM_RES,
+        OPTION_MAX_LINKS,
+        OPTION_MAX_LINKS_PER_PEER,
         OPTION_ROLE_CHECK,
         OPTION_SYNC_CACHE_WAIT_TIME,
         OPTION_TRANSFER_BACKEND,
@@ -101,7 +103,8 @@ __all__ = [
     "FeatureNotEnabledError", "IpInfo", "KvCacheExtParam", "LLMException", "LLMOutOfMemoryError",
     "LLMTimeoutError", "LinkError", "LlmDataDist", "LlmRole", "ParamInvalidError", "Status",
     "OPTION_AUTH_TOKEN", "OPTION_BUF_POOL_CFG", "OPTION_DEVICE_ID", "OPTION_ENABLE_SET_ROLE",
-    "OPTION_GLOBAL_RESOURCE_CONFIG", "OPTION_LISTEN_IP_INFO", "OPTION_LOCAL_COMM_RES", "OPTION_ROLE_CHECK",
+    "OPTION_GLOBAL_RESOURCE_CONFIG", "OPTION_LISTEN_IP_INFO", "OPTION_LOCAL_COMM_RES", "OPTION_MAX_LINKS",
+    "OPTION_MAX_LINKS_PER_PEER", "OPTION_ROLE_CHECK",
     "OPTION_SYNC_CACHE_WAIT_TIME", "OPTION_TRANSFER_BACKEND", "OPTION_TRANSPORT", "get_include",
     "get_library_dir", "validate_blocks", "TransferHandle", "wait_all", "LayerPush",
 ]

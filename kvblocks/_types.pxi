@@ -15,6 +15,8 @@ OPTION_GLOBAL_RESOURCE_CONFIG = "llm.GlobalResourceConfig"
 OPTION_TRANSPORT = "kvblocks.Transport"
 OPTION_AUTH_TOKEN = "kvblocks.AuthToken"
 OPTION_ROLE_CHECK = "kvblocks.RoleCheck"
+OPTION_MAX_LINKS = "kvblocks.MaxLinks"
+OPTION_MAX_LINKS_PER_PEER = "kvblocks.MaxLinksPerPeer"
 
 
 class LlmRole(_enum.IntEnum):

@@ -16,6 +16,7 @@ UNLINK, UNLINK_ACK, OPEN_REVERSE, REVERSE_REFUSED = 10, 11, 12, 15
 FLAG_CROSSING = 2
 READ_REQ, READ_RESP, WRITE_REQ, WRITE_READY, WRITE_DONE, ERROR = 20, 21, 22, 23, 24, 30
 CACHE_QUERY, CACHE_INFO = 25, 26
+NOTIFY = 16
 CAP_CACHE_QUERY = 32
 CAP_KEY_QUERY = 64
 QUERY_BY_CACHE_KEY, QUERY_BY_BATCH_KEY = 2, 3
@@ -94,15 +95,16 @@ def mac(key, label, tr):
 _listener_ids = {}
 
 
-def authenticate(port, kind, cluster_id, ip="127.0.0.1"):
-    """HELLO .. HELLO_ACK without a token; returns (socket, HELLO_ACK status)."""
-    s, status, _ = authenticate_nonces(port, kind, cluster_id, ip)
+def authenticate(port, kind, cluster_id, ip="127.0.0.1", src=None):
+    """HELLO .. HELLO_ACK without a token; returns (socket, HELLO_ACK status). ``src``: the local
+    address to connect from (on loopback, 127.0.0.2 etc. is another peer address)."""
+    s, status, _ = authenticate_nonces(port, kind, cluster_id, ip, src)
     return s, status
 
 
-def authenticate_nonces(port, kind, cluster_id, ip="127.0.0.1"):
+def authenticate_nonces(port, kind, cluster_id, ip="127.0.0.1", src=None):
     """authenticate(), and the nonces a BIND names: (socket, HELLO_ACK status, (client nonce, server nonce))."""
-    s = socket.create_connection((ip, port), timeout=5)
+    s = socket.create_connection((ip, port), timeout=5, source_address=(src, 0) if src else None)
     nonce = os.urandom(16)
     send_frame(s, HELLO, struct.pack("<IIQ", VERSION, kind, cluster_id) + nonce)
     t, _, challenge = recv_frame(s)
@@ -138,11 +140,11 @@ def parse_link_info(payload):
                 table=payload[off + 16:-32], proof=payload[-32:])
 
 
-def handshake(port, kind, cluster_id, token=b"\0" * 16, info=None, ip="127.0.0.1", listener=None):
+def handshake(port, kind, cluster_id, token=b"\0" * 16, info=None, ip="127.0.0.1", listener=None, src=None):
     """A whole handshake without an AuthToken: LINK_INFO on control connections (kind 1), BIND on data
     channels: the MAC of this connection's transcript under the link `token`, naming the listener's
     cluster id `listener` (default: the one an earlier control handshake to that address learned)."""
-    s, status, (cn, sn) = authenticate_nonces(port, kind, cluster_id, ip)
+    s, status, (cn, sn) = authenticate_nonces(port, kind, cluster_id, ip, src)
     assert status == 0
     if kind == 1:
         send_frame(s, LINK_INFO, link_info(cluster_id) if info is None else info)
@@ -158,10 +160,14 @@ def handshake(port, kind, cluster_id, token=b"\0" * 16, info=None, ip="127.0.0.1
     return s, status, payload
 
 
-def open_link(port, cluster_id=77, caps=CAP_TCP):
-    """Control handshake with a made-up identity and no caches; returns (ctrl socket, link token)."""
-    ctrl, status, payload = handshake(port, 1, cluster_id, info=link_info(cluster_id, caps=caps))
-    assert status == 0
+def open_link(port, cluster_id=77, caps=CAP_TCP, src=None, table=struct.pack("<I", 0)):
+    """Control handshake with a made-up identity and the given table (none: no caches); returns (ctrl
+    socket, link token). AssertionError carries the LINK_INFO status when the listener refuses."""
+    ctrl, status, payload = handshake(port, 1, cluster_id, info=link_info(cluster_id, caps=caps, table=table),
+                                      src=src)
+    if status != 0:
+        ctrl.close()
+    assert status == 0, status
     token = payload[8:24]  # LINK_INFO: cluster_id u64, link_token[16], link info, proof
     send_frame(ctrl, CONFIRM, struct.pack("<qB", 0, 0))
     t, status, _ = recv_frame(ctrl)
@@ -175,3 +181,41 @@ def request(cache_id, tensors, segments, data_len=None, deadline=2**62, budget=1
     body += b"".join(struct.pack("<I", t) for t in tensors)
     body += b"".join(struct.pack("<QQ", o, l) for o, l in segments)
     return body
+
+
+def tiny_tables(n, first_id=1):
+    """A cache table of ``n`` minimal entries (55 bytes each on the wire: one tensor, no descriptor)."""
+    return struct.pack("<I", n) + b"".join(table_entry(first_id + i) for i in range(n))
+
+
+def flood(port, sockets, seconds, rate, ip="127.0.0.1"):
+    """Connect-flood attacker, run in its own process (tests/flood.py): holds up to ``sockets``
+    connections to the listener, closing the oldest and opening another, ``rate`` a second, for
+    ``seconds``, sending one byte on each (never a HELLO). Returns how many it opened."""
+    import collections
+    import resource
+    import time
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, sockets + 256)), hard))
+    held = collections.deque()
+    opened = 0
+    end = time.monotonic() + seconds
+    start = time.monotonic()
+    while time.monotonic() < end:
+        ahead = opened / rate - (time.monotonic() - start)
+        if ahead > 0:
+            time.sleep(ahead)
+        if len(held) >= sockets:
+            held.popleft().close()
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect_ex((ip, port))
+            s.send(b"K")
+        except OSError:
+            pass
+        held.append(s)
+        opened += 1
+    for s in held:
+        s.close()
+    return opened

@@ -96,6 +96,13 @@ bool GetDescriptor(Reader *r, TableEntry *c) {
 
 }  // namespace
 
+uint64_t TableFootprint(const TableEntry &c) {
+  uint64_t n = kTableEntryBytes + 8 * (c.addrs.size() + c.batch_keys.size()) + 4 * c.ucx_key_of.size() +
+               c.ucx_worker.size();
+  for (const std::string &k : c.ucx_rkeys) n += sizeof(std::string) + k.size();
+  return n;
+}
+
 void EncodeTable(const std::vector<TableEntry> &caches, Writer *w) {
   w->Put<uint32_t>(static_cast<uint32_t>(caches.size()));
   for (const TableEntry &c : caches) {
@@ -139,7 +146,8 @@ void EncodeTable(const std::vector<TableEntry> &caches, Writer *w) {
 
 bool DecodeTable(Reader *r, std::vector<TableEntry> *caches) {
   const uint32_t count = r->Get<uint32_t>();
-  if (!r->ok || count > kMaxTableCaches) return false;
+  if (!r->ok || count > kMaxLinkCaches) return false;
+  uint64_t footprint = 0;
   for (uint32_t i = 0; i < count; ++i) {
     TableEntry c;
     c.id = r->Get<int64_t>();
@@ -155,7 +163,7 @@ bool DecodeTable(Reader *r, std::vector<TableEntry> *caches) {
     if (!r->ok || kind > 2 || c.num_tensors > kMaxTableTensors) return false;
     for (uint16_t d = 0; d < ndesc; ++d)
       if (!GetDescriptor(r, &c)) return false;
-    if (!Consistent(c)) return false;
+    if (!Consistent(c) || (footprint += TableFootprint(c)) > kMaxLinkTableBytes) return false;
     caches->push_back(std::move(c));
   }
   return r->ok;

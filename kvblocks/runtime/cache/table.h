@@ -45,8 +45,13 @@ struct TableEntry {
   std::vector<uint32_t> ucx_key_of;
 };
 
+// The memory an entry holds once decoded and kept by a link (an upper estimate), for
+// kMaxLinkTableBytes.
+uint64_t TableFootprint(const TableEntry &c);
+
 void EncodeTable(const std::vector<TableEntry> &caches, Writer *w);
-// Rejects entries that are not self-consistent (sizes, counts, descriptor bounds).
+// Rejects entries that are not self-consistent (sizes, counts, descriptor bounds), and a table of
+// more than kMaxLinkCaches entries or kMaxLinkTableBytes of footprint.
 bool DecodeTable(Reader *r, std::vector<TableEntry> *caches);
 
 }  // namespace kvblocks

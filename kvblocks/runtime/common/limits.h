@@ -18,7 +18,13 @@ constexpr uint32_t kMagic = 0x3142564BU;  // "KVB1" little-endian
 // of READ_RESP and inline WRITE_REQ frames padded to a 64-byte offset (wire/messages.h). 5: proofs
 // and BIND cover the whole handshake transcript (kind, both cluster ids, the listener's address).
 constexpr uint32_t kProtocolVersion = 5;
-constexpr uint64_t kMaxControlPayload = 64ULL << 20;  // any frame but READ_RESP data
+// Payload bounds per frame type: wire/messages.h kPayloadLimits. The two large ones: LINK_INFO (a
+// cache table of up to kMaxLinkCaches entries) and a data request (its byte ranges).
+constexpr uint64_t kMaxLinkInfoPayload = 64ULL << 20;
+constexpr uint64_t kMaxRequestPayload = 64ULL << 20;
+// A payload buffer starts at this size and then at most doubles per read, so it never holds more
+// than twice the bytes that arrived (plus this): announcing a length costs the listener nothing.
+constexpr uint64_t kPayloadChunk = 64ULL << 10;
 // A CACHE_INFO payload: cache id, count and one table entry. An honest one is at most 16 MiB and a
 // little: kMaxTableTensors addresses and as many batch keys (8 bytes each), plus fixed fields.
 constexpr uint64_t kMaxCacheInfoPayload = (16ULL << 20) + 4096;
@@ -31,7 +37,15 @@ constexpr uint64_t kRequestRangeBytes = 16;  // plus 4 bytes a tensor and 16 a b
 constexpr uint64_t kMaxInlineWrite = 256ULL << 10;    // pushes this small skip the READY round trip
 constexpr size_t kMaxLocalName = 64;                  // abstract Unix socket name in LINK_INFO
 constexpr size_t kMaxLocalFds = 250;                  // memfds passed in one SCM_RIGHTS message (kernel: 253)
-constexpr uint32_t kMaxTableCaches = 1U << 20;
+// A link's cache table, as the peer announced it at link time: at most kMaxLinkCaches entries and
+// kMaxLinkTableBytes of decoded state (TableFootprint: kTableEntryBytes an entry, for the entry, its
+// liveness record and map node, plus its addresses, keys and UCX blobs). An entry is at least 55
+// bytes on the wire, so the state is at most ~14x the bytes received (16,384 minimal entries: 0.9 MiB
+// sent, 12 MiB held), and at most 32 MiB a link;
+// caches learned later (CACHE_QUERY) have a budget of their own of the same size.
+constexpr uint32_t kMaxLinkCaches = 16384;
+constexpr uint64_t kTableEntryBytes = 768;  // measured: ~760 bytes of RSS an entry
+constexpr uint64_t kMaxLinkTableBytes = 32ULL << 20;
 constexpr uint32_t kMaxTableTensors = 1U << 20;
 
 // ---- links and handshakes
@@ -42,6 +56,14 @@ constexpr int64_t kHandshakeNs = 10 * kSecNs;  // bound on an authenticated peer
 constexpr int64_t kAuthNs = 2 * kSecNs;
 constexpr size_t kMaxHandshakes = 64;
 constexpr int kMaxRequesterChannels = 8;       // data channels per link and direction; more are refused
+// Links (kvblocks.MaxLinks, kvblocks.MaxLinksPerPeer): each holds a thread and 3 to 17 fds on
+// both sides, so an authenticated peer may not open them without bound. The total defaults to
+// kDefaultMaxLinks, or RLIMIT_NOFILE / kFdsPerLink when that is lower, so links alone never use
+// up the process's fds; one peer address may hold kDefaultMaxLinksPerPeer (a host may run an
+// engine per device, and each may link).
+constexpr size_t kDefaultMaxLinks = 512;
+constexpr size_t kDefaultMaxLinksPerPeer = 32;
+constexpr size_t kFdsPerLink = 8;
 constexpr int64_t kReverseRetryNs = 5 * kMsNs; // after a refused OPEN_REVERSE, wait before asking again
 constexpr int64_t kErrorReplyNs = 100 * kMsNs; // best-effort ERROR frames before closing
 

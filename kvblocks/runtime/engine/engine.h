@@ -124,13 +124,25 @@ class Impl {
   Status StartListening(const std::string &ip, uint32_t port);
   void StopListening();
   void ListenLoop(int lfd);
+  void AcceptBatch(int lfd);           // accepts what is queued, each into a slot
+  void AdmitPreauth(int fd);           // under workers_mu_: a slot, dropping the oldest when full
+  void StartHandshake(int fd);         // its HELLO is here (or it closed): a thread takes it
+  void ExpirePreauth(bool all);        // closes waiting connections past kAuthNs (all: every one)
   bool Spawn(std::function<void()> fn);  // false when no thread could be started
   void ReapWorkers(bool all);
   Status CheckRole(bool pull) const;
   // links.cc
   Status LinkOne(const ClusterInfo &ci, int32_t timeout_ms);
   Status OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing);
+  int OpenHandshake(const std::string &ip, uint16_t port, ConnKind kind, uint64_t listener_cluster_id,
+                    int64_t deadline, Hello *hello, struct Transcript *t, Status *st);
+  // The live link to `peer`, or null; one whose control connection the peer has closed is failed.
+  std::shared_ptr<struct Link> LiveLink(uint64_t peer);
   bool CrossingLoses(uint64_t peer) const;  // under link_state_mu_
+  // Counts a link from `addr` in accepting_: LLM_SUCCESS, or LLM_CLUSTER_NUM_EXCEED_LIMIT (logged,
+  // naming the cap) when it would pass kvblocks.MaxLinks or kvblocks.MaxLinksPerPeer.
+  Status TakeLinkSlot(const std::string &addr);
+  void ReleaseLinkSlot(const std::string &addr);
   LocalFds OurMemfds(const std::vector<TableEntry> &caches, std::vector<std::shared_ptr<CacheEntry>> *keep);
   Status UnlinkOne(const ClusterInfo &ci, int32_t timeout_ms, bool force);
   void HandleAccepted(int fd);
@@ -139,7 +151,7 @@ class Impl {
   void CtrlLoop(std::shared_ptr<struct Link> link);
   void ServeConnection(int fd, std::shared_ptr<struct Link> link);
   void DropLink(const std::shared_ptr<struct Link> &link);
-  std::shared_ptr<struct Link> NewLink(uint64_t remote_cluster_id, const struct LinkInfo &info);
+  std::shared_ptr<struct Link> NewLink(uint64_t remote_cluster_id, struct LinkInfo *info);
   void FillLinkInfo(struct LinkInfo *info);
   int OpenChannel(const std::shared_ptr<struct Link> &link, ConnKind kind, int64_t deadline, Status *st);
   void ForgetLoose(int fd);
@@ -239,6 +251,8 @@ class Impl {
   std::string auth_token_;
   bool role_check_ = false;  // kvblocks.RoleCheck: "0" (default, CANN V2) or "1" (V1 roles)
   bool local_comm_res_ = false;  // CANN: with llm.LocalCommRes a cluster needs no local_ip_infos
+  size_t max_links_ = kDefaultMaxLinks;                 // kvblocks.MaxLinks
+  size_t max_links_per_peer_ = kDefaultMaxLinksPerPeer;  // kvblocks.MaxLinksPerPeer
 
   CacheRegistry caches_;
   // Handshakes hold it shared from snapshotting our cache table until their link is registered;
@@ -249,12 +263,23 @@ class Impl {
   // Registration decisions (insert, adopt, crossing) of both LinkOne and the accepting side.
   std::mutex link_state_mu_;
   std::set<uint64_t> linking_;  // clusters our LinkOne is linking to right now
+  // Peer addresses of control connections accepted past authentication whose link is not
+  // registered yet: they count against the link caps (TakeLinkSlot) as links do.
+  std::multiset<std::string> accepting_;
 
   // listener and worker threads
   std::mutex workers_mu_;
   std::list<Worker> workers_;
   std::set<int> loose_fds_;  // sockets still handshaking
-  std::map<int, int64_t> preauth_;  // accepted, not yet authenticated: fd -> accept time (slots)
+  // Accepted, not yet authenticated (the kMaxHandshakes slots): fd -> accept time, and whether a
+  // handshake thread has it. Until its whole HELLO has arrived a connection waits in ListenLoop's
+  // poll, without a thread: a connect flood costs the listener an accept and a close each.
+  struct Preauth {
+    int64_t since;
+    bool threaded;
+  };
+  std::map<int, Preauth> preauth_;
+  int64_t preauth_logged_ = 0;  // when a dropped slot was last logged: a flood logs once a second
   int listen_fd_ = -1;
   std::string listen_ip_;
   uint32_t listen_port_ = 0;

@@ -3,10 +3,14 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <utility>
+#include <vector>
 
 #include "common/error.h"
 #include "common/util.h"
@@ -20,6 +24,13 @@ namespace kvblocks {
 namespace {
 // Every runtime thread's name (/proc/<pid>/task/<tid>/comm; at most 15 characters).
 constexpr char kThreadName[] = "kvblocks-rt";
+
+// kvblocks.MaxLinks when not set: kDefaultMaxLinks, or fewer when the fd limit is low.
+size_t DefaultMaxLinks() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return kDefaultMaxLinks;
+  return std::max<size_t>(1, std::min<size_t>(kDefaultMaxLinks, rl.rlim_cur / kFdsPerLink));
+}
 
 const char *RoleName(LlmRole r) {
   switch (r) {
@@ -91,6 +102,14 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
     const char *env = getenv("KVBLOCKS_AUTH_TOKEN");
     if (env != nullptr) token = env;
   }
+  size_t max_links = DefaultMaxLinks(), per_peer = kDefaultMaxLinksPerPeer;
+  for (auto opt : {std::make_pair(OPTION_MAX_LINKS, &max_links), std::make_pair(OPTION_MAX_LINKS_PER_PEER, &per_peer)}) {
+    uint64_t n;
+    if (!get(opt.first, &v)) continue;
+    if (!ParseUint(v, 0x7FFFFFFF, &n) || n == 0)
+      return Fail(LLM_PARAM_INVALID, "option %s=\"%s\" is not an integer >= 1", opt.first, v.c_str());
+    *opt.second = n;
+  }
   bool role_check = false;  // CANN V2: transfers do not depend on the role; "1" restores V1 roles
   if (get(OPTION_ROLE_CHECK, &v)) {
     if (v != "0" && v != "1") return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use 0 or 1", OPTION_ROLE_CHECK, v.c_str());
@@ -109,6 +128,8 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   transport_ = transport;
   auth_token_ = token;
   role_check_ = role_check;
+  max_links_ = max_links;
+  max_links_per_peer_ = per_peer;
   if (listen) {
     const Status st = StartListening(listen_ip, listen_port);
     if (st != LLM_SUCCESS) return st;
@@ -204,50 +225,106 @@ void Impl::StopListening() {
 }
 
 void Impl::ListenLoop(int lfd) {
+  std::vector<pollfd> p;
   for (;;) {
-    pollfd p{lfd, POLLIN, 0};
-    const int rc = poll(&p, 1, -1);
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc < 0 || (p.revents & (POLLHUP | POLLERR | POLLNVAL)) || stopping_.load()) break;
+    p.assign(1, pollfd{lfd, POLLIN, 0});
+    int64_t expiry = 0;
     {
       std::lock_guard<std::mutex> g(workers_mu_);
       if (listen_fd_ != lfd) break;
-    }
-    const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) usleep(10000);
-      continue;
-    }
-    TuneSocket(fd);
-    {
-      std::lock_guard<std::mutex> g(workers_mu_);
-      // Unauthenticated handshakes each hold a thread for up to kAuthNs. When every slot is taken,
-      // the oldest one goes (a real handshake takes milliseconds), never the new connection: slow
-      // sockets cannot keep a real link out.
-      if (preauth_.size() >= kMaxHandshakes) {
-        auto oldest = preauth_.begin();
-        for (auto it = preauth_.begin(); it != preauth_.end(); ++it)
-          if (it->second < oldest->second) oldest = it;
-        LogWarn("%zu handshakes in progress: dropping the oldest", preauth_.size());
-        shutdown(oldest->first, SHUT_RDWR);  // its thread closes it
-        preauth_.erase(oldest);
+      for (const auto &kv : preauth_) {
+        if (kv.second.threaded) continue;
+        p.push_back(pollfd{kv.first, POLLIN, 0});
+        if (expiry == 0 || kv.second.since + kAuthNs < expiry) expiry = kv.second.since + kAuthNs;
       }
-      loose_fds_.insert(fd);
-      preauth_[fd] = NowNs();
-      if (stopping_.load()) shutdown(fd, SHUT_RDWR);
     }
-    if (!Spawn([this, fd] { HandleAccepted(fd); })) {
-      std::lock_guard<std::mutex> g(workers_mu_);
-      loose_fds_.erase(fd);
-      preauth_.erase(fd);
-      close(fd);
-    }
+    const int timeout = expiry == 0 ? -1 : static_cast<int>(std::max<int64_t>(0, expiry - NowNs()) / kMsNs + 1);
+    const int rc = poll(p.data(), p.size(), timeout);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0 || (p[0].revents & (POLLHUP | POLLERR | POLLNVAL)) || stopping_.load()) break;
+    // In this order: nothing below closes an fd that a later step of this round still names.
+    for (size_t i = 1; i < p.size(); ++i)
+      if (p[i].revents != 0) StartHandshake(p[i].fd);
+    ExpirePreauth(false);
+    if (p[0].revents & POLLIN) AcceptBatch(lfd);
   }
+  ExpirePreauth(true);
   {
     std::lock_guard<std::mutex> g(workers_mu_);
     if (listen_fd_ == lfd) listen_fd_ = -1;
   }
   close(lfd);
+}
+
+void Impl::AcceptBatch(int lfd) {
+  for (size_t i = 0; i < 4 * kMaxHandshakes; ++i) {  // then poll again: the waiting ones may be ready
+    const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) usleep(10000);
+      return;
+    }
+    TuneSocket(fd);
+    // poll() says readable only once the whole HELLO frame is here (or the peer closed).
+    const int hello = static_cast<int>(kFrameHeaderBytes + kHelloBytes);
+    setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &hello, sizeof(hello));
+    std::lock_guard<std::mutex> g(workers_mu_);
+    AdmitPreauth(fd);
+  }
+}
+
+void Impl::AdmitPreauth(int fd) {
+  // When every slot is taken the oldest goes (a real handshake takes milliseconds), never the new
+  // connection; an opener whose handshake was dropped connects again (OpenHandshake).
+  if (preauth_.size() >= kMaxHandshakes) {
+    auto oldest = preauth_.begin();
+    for (auto it = preauth_.begin(); it != preauth_.end(); ++it)
+      if (it->second.since < oldest->second.since) oldest = it;
+    if (NowNs() - preauth_logged_ > kSecNs) {  // a flood logs once a second, not once a socket
+      LogWarn("%zu handshakes in progress: dropping the oldest", preauth_.size());
+      preauth_logged_ = NowNs();
+    }
+    if (oldest->second.threaded) {
+      shutdown(oldest->first, SHUT_RDWR);  // its thread closes it
+    } else {
+      loose_fds_.erase(oldest->first);
+      close(oldest->first);
+    }
+    preauth_.erase(oldest);
+  }
+  loose_fds_.insert(fd);
+  preauth_[fd] = Preauth{NowNs(), false};
+  if (stopping_.load()) shutdown(fd, SHUT_RDWR);
+}
+
+void Impl::StartHandshake(int fd) {
+  {
+    std::lock_guard<std::mutex> g(workers_mu_);
+    auto it = preauth_.find(fd);
+    if (it == preauth_.end() || it->second.threaded) return;
+    it->second.threaded = true;
+  }
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof(one));  // later frames may be shorter
+  if (!Spawn([this, fd] { HandleAccepted(fd); })) {
+    std::lock_guard<std::mutex> g(workers_mu_);
+    loose_fds_.erase(fd);
+    preauth_.erase(fd);
+    close(fd);
+  }
+}
+
+void Impl::ExpirePreauth(bool all) {
+  std::lock_guard<std::mutex> g(workers_mu_);
+  const int64_t now = NowNs();
+  for (auto it = preauth_.begin(); it != preauth_.end();) {
+    if (!it->second.threaded && (all || now - it->second.since >= kAuthNs)) {
+      loose_fds_.erase(it->first);
+      close(it->first);
+      it = preauth_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 bool Impl::Spawn(std::function<void()> fn) {

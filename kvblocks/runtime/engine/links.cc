@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "kvblocks/error.h"
 #include "common/util.h"
 #include "engine/engine.h"
 #include "link/handshake.h"
@@ -73,10 +74,11 @@ IoResult SendFlagged(int fd, uint16_t type, uint16_t flags, uint32_t status, int
   return SendIov(fd, &iov, 1, deadline);
 }
 
-// Receives one frame of `type` (any status); false when it is another type or malformed.
-bool RecvTyped(int fd, uint16_t type, int64_t deadline, FrameHeader *h, std::string *payload, uint64_t max) {
+// Receives one handshake frame of `type` (any status); false when it is another type, longer than
+// its type may be (kPayloadLimits) or malformed.
+bool RecvTyped(int fd, uint16_t type, int64_t deadline, FrameHeader *h, std::string *payload) {
   return RecvHeader(fd, h, deadline) == IoResult::kOk && h->type == type &&
-         RecvPayload(fd, *h, payload, deadline, max) == IoResult::kOk;
+         RecvPayload(fd, *h, Channel::kHandshake, payload, deadline) == IoResult::kOk;
 }
 }  // namespace
 
@@ -132,12 +134,83 @@ LocalFds Impl::OurMemfds(const std::vector<TableEntry> &caches, std::vector<std:
   return out;
 }
 
-std::shared_ptr<struct Link> Impl::NewLink(uint64_t remote_cluster_id, const LinkInfo &info) {
+// The peer's table moves into the link (info->caches is left empty): one copy, for the link's life.
+std::shared_ptr<struct Link> Impl::NewLink(uint64_t remote_cluster_id, LinkInfo *info) {
   auto link = std::make_shared<struct Link>();
   link->remote_cluster_id = remote_cluster_id;
-  link->peer = info.identity;
-  link->capabilities = info.capabilities & OfferedCapabilities(transport_);
-  for (const TableEntry &e : info.caches) link->caches.emplace(e.id, RemoteCache(e));
+  link->peer = info->identity;
+  link->capabilities = info->capabilities & OfferedCapabilities(transport_);
+  for (TableEntry &e : info->caches) link->caches.emplace(e.id, RemoteCache(std::move(e)));
+  std::vector<TableEntry>().swap(info->caches);
+  return link;
+}
+
+namespace {
+// A peer refuses a table of more entries or decoded state than it keeps (DecodeTable): say so here,
+// rather than have it answer a malformed LINK_INFO.
+Status TableFits(const std::vector<TableEntry> &caches) {
+  uint64_t bytes = 0;
+  for (const TableEntry &c : caches) bytes += TableFootprint(c);
+  if (caches.size() <= kMaxLinkCaches && bytes <= kMaxLinkTableBytes) return LLM_SUCCESS;
+  return Fail(LLM_PARAM_INVALID, "%zu caches registered (%llu bytes of table): a link carries at most %u (%llu bytes)",
+              caches.size(), static_cast<unsigned long long>(bytes), kMaxLinkCaches,
+              static_cast<unsigned long long>(kMaxLinkTableBytes));
+}
+
+// The peer's IP address of a connected socket, as the kernel has it ("" when it cannot say). An
+// IPv4-mapped IPv6 address counts as the IPv4 one.
+std::string PeerAddress(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  char buf[INET6_ADDRSTRLEN] = "";
+  if (getpeername(fd, reinterpret_cast<sockaddr *>(&ss), &len) != 0) return "";
+  if (ss.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in *>(&ss)->sin_addr, buf, sizeof(buf));
+  } else if (ss.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6 *>(&ss)->sin6_addr, buf, sizeof(buf));
+  }
+  std::string s = buf;
+  return s.rfind("::ffff:", 0) == 0 && s.find('.') != std::string::npos ? s.substr(7) : s;
+}
+
+}  // namespace
+
+Status Impl::TakeLinkSlot(const std::string &addr) {
+  std::lock_guard<std::mutex> g(link_state_mu_);
+  size_t from_addr, total;
+  links_.CountAlive(addr, &from_addr, &total);
+  from_addr += accepting_.count(addr);
+  total += accepting_.size();
+  if (from_addr >= max_links_per_peer_) {
+    LogWarn("refused a link from %s: it holds %zu links, the most kvblocks.MaxLinksPerPeer (%zu) allows", addr.c_str(),
+            from_addr, max_links_per_peer_);
+    return LLM_CLUSTER_NUM_EXCEED_LIMIT;
+  }
+  if (total >= max_links_) {
+    LogWarn("refused a link from %s: %zu links, the most kvblocks.MaxLinks (%zu) allows", addr.c_str(), total,
+            max_links_);
+    return LLM_CLUSTER_NUM_EXCEED_LIMIT;
+  }
+  accepting_.insert(addr);
+  return LLM_SUCCESS;
+}
+
+void Impl::ReleaseLinkSlot(const std::string &addr) {
+  std::lock_guard<std::mutex> g(link_state_mu_);
+  auto it = accepting_.find(addr);
+  if (it != accepting_.end()) accepting_.erase(it);
+}
+
+// A peer that unlinks (or force-unlinks) and links again at once may reach us before our control
+// thread has seen its old control connection close. The kernel knows already (the peer's FIN came
+// first): such a link is dead, whatever the peer says, and is failed here rather than refused as
+// LLM_ALREADY_LINK.
+std::shared_ptr<struct Link> Impl::LiveLink(uint64_t peer) {
+  auto link = links_.FindAlive(peer);
+  if (link && link->CtrlClosedByPeer()) {
+    link->Fail();
+    return nullptr;
+  }
   return link;
 }
 
@@ -152,23 +225,45 @@ void Impl::ForgetLoose(int fd) {
 }
 
 // ------------------------------------------------------------------ opener side
+// Connects and authenticates a connection of `kind` (HELLO .. HELLO_ACK); -1 with *st on failure.
+// A listener under a connect flood drops its oldest unauthenticated connections, ours among them
+// when the flood outpaces a handshake: one dropped before HELLO_ACK is tried again, with fresh
+// nonces, until the deadline (the listener never drops a connection it has authenticated).
+int Impl::OpenHandshake(const std::string &ip, uint16_t port, ConnKind kind, uint64_t listener_cluster_id,
+                        int64_t deadline, Hello *hello, Transcript *t, Status *st) {
+  int64_t pause = kMsNs;
+  for (int tries = 1;; ++tries) {
+    const int fd = ConnectTcp(ip, port, deadline, st);
+    if (fd < 0) return -1;
+    hello->kind = kind;
+    hello->cluster_id = cluster_id_;
+    RandomBytes(hello->nonce, sizeof(hello->nonce));
+    bool dropped = false;
+    *st = ClientHandshake(fd, *hello, listener_cluster_id, auth_token_, deadline, t, &dropped);
+    if (*st == LLM_SUCCESS) return fd;
+    close(fd);
+    if (!dropped || NowNs() + pause >= deadline || stopping_.load()) return -1;
+    if (tries == 1 || tries % 100 == 0)
+      LogInfo("%s:%u dropped our handshake before authenticating it (try %d); trying again", ip.c_str(), port, tries);
+    std::this_thread::sleep_for(std::chrono::nanoseconds(pause));
+    pause = std::min<int64_t>(2 * pause, 20 * kMsNs);
+  }
+}
+
 int Impl::OpenChannel(const std::shared_ptr<struct Link> &link, ConnKind kind, int64_t deadline, Status *st) {
-  const int fd = ConnectTcp(link->remote_ip, link->remote_port, deadline, st);
-  if (fd < 0) return -1;
   Hello hello;
-  hello.kind = kind;
-  hello.cluster_id = cluster_id_;
-  RandomBytes(hello.nonce, sizeof(hello.nonce));
   Transcript t;
-  *st = ClientHandshake(fd, hello, link->remote_cluster_id, auth_token_, deadline, &t);
-  if (*st == LLM_SUCCESS) {
+  const int fd = OpenHandshake(link->remote_ip, link->remote_port, kind, link->remote_cluster_id, deadline, &hello,
+                               &t, st);
+  if (fd < 0) return -1;
+  {
     // Only now, to a listener that has proven itself; a MAC of this connection's transcript under
     // the link token, good for this channel of this link only.
     const Bind bind = BindFor(link->token, t);
     FrameHeader h;
     std::string tmp;
     IoResult r = SendMessage(fd, kBind, 0, bind, deadline);
-    if (r == IoResult::kOk && !RecvTyped(fd, kBind, deadline, &h, &tmp, 0)) r = IoResult::kError;
+    if (r == IoResult::kOk && !RecvTyped(fd, kBind, deadline, &h, &tmp)) r = IoResult::kError;
     if (r != IoResult::kOk)
       *st = Fail(StatusOf(r), "data channel to cluster %llu: no BIND answer",
                  static_cast<unsigned long long>(link->remote_cluster_id));
@@ -210,6 +305,11 @@ Status Impl::LinkOne(const ClusterInfo &ci, int32_t timeout_ms) {
       l->linked_by_us = true;
       return LLM_SUCCESS;
     }
+    size_t unused, total;
+    links_.CountAlive("", &unused, &total);
+    if (total + accepting_.size() >= max_links_)
+      return Fail(LLM_CLUSTER_NUM_EXCEED_LIMIT, "cluster %llu: this engine has %zu links, the most kvblocks.MaxLinks allows",
+                  want, total + accepting_.size());
     linking_.insert(ci.remote_cluster_id);
   }
   bool crossing = false;
@@ -237,7 +337,9 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
   const std::string ip = ci.remote_ip_infos[0].ip.GetString();
   const uint16_t port = ci.remote_ip_infos[0].port;
   Status st;
-  const int fd = ConnectTcp(ip, port, deadline, &st);
+  Hello hello;
+  Transcript t;
+  const int fd = OpenHandshake(ip, port, ConnKind::kCtrl, ci.remote_cluster_id, deadline, &hello, &t, &st);
   if (fd < 0) return st == LLM_TIMEOUT ? LLM_TIMEOUT : LLM_LINK_FAILED;
   {
     std::lock_guard<std::mutex> g(workers_mu_);
@@ -250,25 +352,20 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
     close(fd);
     return s;
   };
-  Hello hello;
-  hello.cluster_id = cluster_id_;
-  RandomBytes(hello.nonce, sizeof(hello.nonce));
-  Transcript t;
-  st = ClientHandshake(fd, hello, ci.remote_cluster_id, auth_token_, deadline, &t);
-  if (st != LLM_SUCCESS) return fail(st == LLM_TIMEOUT ? st : LLM_LINK_FAILED);
 
   // Authenticated both ways: now identity, clock and cache table.
   LinkInfoMsg mine;
   mine.cluster_id = cluster_id_;
   std::shared_lock<std::shared_timed_mutex> table_hold(table_mu_);  // until the link is registered
   FillLinkInfo(&mine.info);
+  if ((st = TableFits(mine.info.caches)) != LLM_SUCCESS) return fail(st);
   std::string payload;
   Encode(mine, &payload);
   SealLinkInfo('O', hello.nonce, t.server_nonce, &payload);
   FrameHeader h;
   const int64_t sent = NowNs();  // the acceptor reads its clock after this and before t1
   IoResult ir = SendFrame(fd, kLinkInfo, 0, payload, deadline);
-  if (ir == IoResult::kOk && !RecvTyped(fd, kLinkInfo, deadline, &h, &payload, kMaxControlPayload))
+  if (ir == IoResult::kOk && !RecvTyped(fd, kLinkInfo, deadline, &h, &payload))
     ir = IoResult::kError;
   const int64_t t1 = NowNs();
   if (ir != IoResult::kOk)
@@ -277,6 +374,11 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
     *crossing = (h.flags & kFlagCrossing) != 0;
     if (h.status == LLM_ALREADY_LINK)
       return fail(Fail(LLM_ALREADY_LINK, "cluster %llu is already linked (at its side)", want));
+    if (h.status == LLM_CLUSTER_NUM_EXCEED_LIMIT)
+      return fail(Fail(LLM_CLUSTER_NUM_EXCEED_LIMIT,
+                       "%s:%u refused the link: it holds the most links its kvblocks.MaxLinksPerPeer (links "
+                       "from our address) or kvblocks.MaxLinks allows",
+                       ip.c_str(), port));
     return fail(Fail(h.status == LLM_PARAM_INVALID ? LLM_PARAM_INVALID : LLM_LINK_FAILED,
                      "%s:%u refused the link (status %u)", ip.c_str(), port, h.status));
   }
@@ -289,7 +391,7 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
     return fail(Fail(LLM_LINK_FAILED, "%s:%u is cluster %llu, not cluster %llu", ip.c_str(), port,
                      static_cast<unsigned long long>(theirs.cluster_id), want));
   }
-  auto link = NewLink(theirs.cluster_id, theirs.info);
+  auto link = NewLink(theirs.cluster_id, &theirs.info);
   for (const auto &c : mine.info.caches) link->shown.insert(c.id);
   link->same_process = FromThisProcess('A', hello.nonce, t.server_nonce, payload);
   memcpy(link->token, theirs.link_token, sizeof(link->token));
@@ -301,6 +403,7 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
   link->opener = true;
   link->linked_by_us = true;
   link->remote_ip = ip;
+  link->peer_addr = ip;
   link->remote_port = port;
   link->open_channel = [this, weak = std::weak_ptr<struct Link>(link)](ConnKind kind, int64_t dl, Status *s) {
     auto l = weak.lock();
@@ -333,7 +436,7 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
     return fail(Fail(LLM_LINK_FAILED, "kvblocks.Transport=shm, but cluster %llu is on another host", want));
   }
   std::string tmp;
-  if (!RecvTyped(fd, kConfirmAck, deadline, &h, &tmp, 0))
+  if (!RecvTyped(fd, kConfirmAck, deadline, &h, &tmp))
     return fail(NowNs() >= deadline ? LLM_TIMEOUT : LLM_LINK_FAILED);
   if (h.status != LLM_SUCCESS) {
     *crossing = (h.flags & kFlagCrossing) != 0;
@@ -451,11 +554,14 @@ void Impl::HandleAccepted(int fd) {
   Hello hello;
   Transcript t;
   // Unauthenticated: kAuthNs at most, and a slot that a newer connection may take (ListenLoop).
-  const bool ok = ServerHandshake(fd, auth_token_, cluster_id_, NowNs() + kAuthNs, &hello, &t);
-  {
+  // The slot is left once the peer's proof checked out and before it is told so (HELLO_ACK): an
+  // authenticated connection is never dropped for a newer one.
+  auto leave_slot = [this, fd] {
     std::lock_guard<std::mutex> g(workers_mu_);
-    preauth_.erase(fd);
-  }
+    return preauth_.erase(fd) != 0;
+  };
+  const bool ok = ServerHandshake(fd, auth_token_, cluster_id_, NowNs() + kAuthNs, &hello, &t, leave_slot);
+  leave_slot();
   if (!ok) {
     ForgetLoose(fd);
     close(fd);
@@ -479,7 +585,7 @@ void Impl::AcceptChannel(int fd, const Hello &hello, const Transcript &t, int64_
   FrameHeader h;
   std::string payload;
   Bind bind;
-  if (!RecvTyped(fd, kBind, deadline, &h, &payload, 64) || !Decode(payload, &bind)) return drop();
+  if (!RecvTyped(fd, kBind, deadline, &h, &payload) || !Decode(payload, &bind)) return drop();
   auto link = links_.FindAlive(hello.cluster_id);
   Status st = LLM_NOT_YET_LINK;
   if (link && !link->opener) {
@@ -526,10 +632,20 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
     close(fd);
   };
   const uint64_t peer = hello.cluster_id;
+  // Counted against the link caps from here until the link is registered (or dropped): before its
+  // table is decoded, and before it holds anything for long.
+  const std::string addr = PeerAddress(fd);
+  const Status slot = TakeLinkSlot(addr);
+  std::unique_ptr<const std::string, std::function<void(const std::string *)>> held(
+      slot == LLM_SUCCESS ? &addr : nullptr, [this](const std::string *a) { ReleaseLinkSlot(*a); });
   FrameHeader h;
   std::string payload;
   LinkInfoMsg theirs;
-  if (!RecvTyped(fd, kLinkInfo, deadline, &h, &payload, kMaxControlPayload)) return drop();
+  if (!RecvTyped(fd, kLinkInfo, deadline, &h, &payload)) return drop();
+  if (slot != LLM_SUCCESS) {
+    SendFrame(fd, kLinkInfo, slot, nullptr, 0, deadline);
+    return drop();
+  }
   if (!Decode(payload, &theirs) || theirs.cluster_id != peer || peer == cluster_id_) {
     SendFrame(fd, kLinkInfo, LLM_PARAM_INVALID, nullptr, 0, deadline);
     return drop();
@@ -537,20 +653,27 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
   {
     std::lock_guard<std::mutex> g(link_state_mu_);
     // A live link is never torn down by a new handshake; a crossing one is resolved by cluster id.
-    const bool live = links_.FindAlive(peer) != nullptr;
+    const bool live = LiveLink(peer) != nullptr;
     if (live || CrossingLoses(peer)) {
       SendFlagged(fd, kLinkInfo, live ? 0 : kFlagCrossing, LLM_ALREADY_LINK, deadline);
       return drop();
     }
   }
-  auto link = NewLink(peer, theirs.info);
+  auto link = NewLink(peer, &theirs.info);
+  link->peer_addr = addr;
   link->same_process = FromThisProcess('O', hello.nonce, server_nonce, payload);
+  std::string().swap(payload);  // this thread serves the link for its life: keep only the link's table
   LinkInfoMsg mine;
   mine.cluster_id = cluster_id_;
   RandomBytes(link->token, sizeof(link->token));
   memcpy(mine.link_token, link->token, sizeof(mine.link_token));
   std::shared_lock<std::shared_timed_mutex> table_hold(table_mu_);  // until the link is registered
   FillLinkInfo(&mine.info);
+  if (TableFits(mine.info.caches) != LLM_SUCCESS) {  // the opener would refuse it: say why here
+    LogWarn("refused a link from cluster %llu: %s", static_cast<unsigned long long>(peer), LastErrorMessage());
+    SendFrame(fd, kLinkInfo, LLM_PARAM_INVALID, nullptr, 0, deadline);
+    return drop();
+  }
   for (const auto &c : mine.info.caches) link->shown.insert(c.id);
   TcpEnds ctrl_ends;  // the local exchange checks the opener owns the far end of `fd`
   if (!link->same_process && (link->capabilities & (kCapSharedMemory | kCapCma)) != 0 && TcpEndsOf(fd, &ctrl_ends))
@@ -560,7 +683,7 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
   SealLinkInfo('A', hello.nonce, server_nonce, &out);
   Confirm confirm;
   if (SendFrame(fd, kLinkInfo, LLM_SUCCESS, out, deadline) != IoResult::kOk ||
-      !RecvTyped(fd, kConfirm, deadline, &h, &payload, 64) || !Decode(payload, &confirm))
+      !RecvTyped(fd, kConfirm, deadline, &h, &payload) || !Decode(payload, &confirm))
     return drop();
   link->clock_offset_ns = confirm.clock_offset_ns;
   link->clock_slack_ns = NowNs() - mine.info.clock_ns;  // the opener sampled within this window
@@ -579,7 +702,7 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
   uint16_t flags = 0;
   if (st == LLM_SUCCESS) {
     std::lock_guard<std::mutex> g(link_state_mu_);
-    if (links_.FindAlive(peer)) {
+    if (LiveLink(peer)) {
       st = LLM_ALREADY_LINK;
     } else if (CrossingLoses(peer)) {
       st = LLM_ALREADY_LINK;
@@ -590,6 +713,7 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
       if (st != LLM_SUCCESS) link->ctrl_fd = -1;
     }
   }
+  held.reset();  // registered (it counts itself now) or about to be dropped
   table_hold.unlock();
   if (SendFlagged(fd, kConfirmAck, flags, st, deadline) != IoResult::kOk || st != LLM_SUCCESS) {
     if (st == LLM_SUCCESS) {
@@ -603,6 +727,10 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
   }
   ForgetLoose(fd);
   link->AddFd(fd);
+  // This thread serves the link for its life: what the handshake decoded and encoded goes first.
+  std::string().swap(payload);
+  std::string().swap(out);
+  std::vector<TableEntry>().swap(mine.info.caches);
   CtrlLoop(link);
 }
 

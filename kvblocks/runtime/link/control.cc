@@ -45,10 +45,10 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
       LogInfo("cluster %llu: its process exited", static_cast<unsigned long long>(link->remote_cluster_id));
       break;
     }
-    // CACHE_INFO carries one table entry: a larger one is refused (and the link with it).
+    // A frame longer than its type may be (kPayloadLimits; CACHE_INFO: one table entry) is refused
+    // from its header, and the link with it.
     if (RecvHeader(fd, &h, 0) != IoResult::kOk ||
-        RecvPayload(fd, h, &payload, NowNs() + kHandshakeNs,
-                    h.type == kCacheInfo ? kMaxCacheInfoPayload : kMaxControlPayload) != IoResult::kOk)
+        RecvPayload(fd, h, Channel::kControl, &payload, NowNs() + kHandshakeNs) != IoResult::kOk)
       break;
     CacheRef ref;
     if (h.type == kUnlink) {

@@ -13,16 +13,16 @@ namespace kvblocks {
 using namespace llm_datadist;  // NOLINT: status constants
 
 namespace {
-constexpr uint64_t kMaxChallengeBytes = 64;
-constexpr uint64_t kMaxAuthBytes = 64;
-
-// Receives one frame of `type` and decodes it into `m`.
+// Receives one frame of `type` and decodes it into `m`; one longer than its type may be
+// (kPayloadLimits) is refused from its header.
 template <typename M>
-bool RecvMessage(int fd, uint16_t type, int64_t deadline, M *m, uint64_t max) {
+IoResult RecvMessage(int fd, uint16_t type, int64_t deadline, M *m) {
   FrameHeader h;
   std::string payload;
-  return RecvHeader(fd, &h, deadline) == IoResult::kOk && h.type == type && h.length <= max &&
-         RecvPayload(fd, h, &payload, deadline, max) == IoResult::kOk && Decode(payload, m);
+  IoResult r = RecvHeader(fd, &h, deadline);
+  if (r == IoResult::kOk && h.type != type) r = IoResult::kError;
+  if (r == IoResult::kOk) r = RecvPayload(fd, h, Channel::kHandshake, &payload, deadline);
+  return r == IoResult::kOk && !Decode(payload, m) ? IoResult::kError : r;
 }
 
 void Mac(const uint8_t *key, size_t key_len, const char *label, const Transcript &t, uint8_t out[kProofBytes]) {
@@ -53,11 +53,15 @@ Bind BindFor(const uint8_t link_token[16], const Transcript &t) {
 }
 
 Status ClientHandshake(int fd, const Hello &hello, uint64_t listener_cluster_id, const std::string &token,
-                       int64_t deadline, Transcript *t) {
+                       int64_t deadline, Transcript *t, bool *dropped) {
+  *dropped = false;
   IoResult r = SendMessage(fd, kHello, 0, hello, deadline);
+  *dropped = r == IoResult::kClosed;
   if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: sending HELLO failed");
   Challenge ch;
-  if (!RecvMessage(fd, kChallenge, deadline, &ch, kMaxChallengeBytes))
+  r = RecvMessage(fd, kChallenge, deadline, &ch);
+  *dropped = r == IoResult::kClosed;
+  if (r != IoResult::kOk)
     return Fail(NowNs() >= deadline ? LLM_TIMEOUT : LLM_LINK_FAILED, "handshake: no valid CHALLENGE from the listener");
   FillTranscript(hello, listener_cluster_id, ch.nonce, t);
   // With a token the proofs also name the address we dialled: a proof relayed to another listener
@@ -73,6 +77,7 @@ Status ClientHandshake(int fd, const Hello &hello, uint64_t listener_cluster_id,
     TokenProof(token, kOpenerLabel, *t, auth.proof);
   }
   r = SendMessage(fd, kAuth, 0, auth, deadline);
+  *dropped = r == IoResult::kClosed;
   if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: sending AUTH failed");
   bool server_ok = true;
   if (!token.empty()) {
@@ -94,8 +99,9 @@ Status ClientHandshake(int fd, const Hello &hello, uint64_t listener_cluster_id,
   FrameHeader h;
   std::string ack;
   r = RecvHeader(fd, &h, deadline);
+  *dropped = r == IoResult::kClosed;
   if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: no HELLO_ACK from the listener");
-  if (h.type != kHelloAck || RecvPayload(fd, h, &ack, deadline, 0) != IoResult::kOk)
+  if (h.type != kHelloAck || RecvPayload(fd, h, Channel::kHandshake, &ack, deadline) != IoResult::kOk)
     return Fail(LLM_LINK_FAILED, "handshake: malformed HELLO_ACK");
   if (h.status == LLM_LINK_FAILED && !token.empty())
     return Fail(LLM_LINK_FAILED, "the listener rejected our kvblocks.AuthToken proof");
@@ -104,9 +110,9 @@ Status ClientHandshake(int fd, const Hello &hello, uint64_t listener_cluster_id,
 }
 
 bool ServerHandshake(int fd, const std::string &token, uint64_t cluster_id, int64_t deadline, Hello *hello,
-                     Transcript *t) {
+                     Transcript *t, const std::function<bool()> &authenticated) {
   // The HELLO is fixed-size: a longer announcement is refused before anything is allocated.
-  if (!RecvMessage(fd, kHello, deadline, hello, kHelloBytes)) {
+  if (RecvMessage(fd, kHello, deadline, hello) != IoResult::kOk) {
     SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + kErrorReplyNs);
     return false;
   }
@@ -123,7 +129,7 @@ bool ServerHandshake(int fd, const std::string &token, uint64_t cluster_id, int6
   }
   AuthProof auth;
   if (SendMessage(fd, kChallenge, 0, ch, deadline) != IoResult::kOk ||
-      !RecvMessage(fd, kAuth, deadline, &auth, kMaxAuthBytes))
+      RecvMessage(fd, kAuth, deadline, &auth) != IoResult::kOk)
     return false;
   if (!token.empty()) {
     uint8_t expect[kProofBytes];
@@ -137,7 +143,7 @@ bool ServerHandshake(int fd, const std::string &token, uint64_t cluster_id, int6
       return false;
     }
   }
-  return SendFrame(fd, kHelloAck, LLM_SUCCESS, nullptr, 0, deadline) == IoResult::kOk;
+  return authenticated() && SendFrame(fd, kHelloAck, LLM_SUCCESS, nullptr, 0, deadline) == IoResult::kOk;
 }
 
 }  // namespace kvblocks

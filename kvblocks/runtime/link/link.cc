@@ -2,6 +2,7 @@
 // Link bookkeeping: sockets, the channel pool and failure.
 #include "link/link.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -49,6 +50,13 @@ void Link::Fail() {
 bool Link::SendCtrl(uint16_t type, int64_t deadline, const std::string &payload) {
   std::lock_guard<std::mutex> g(ctrl_write_mu);
   return ctrl_fd >= 0 && SendFrame(ctrl_fd, type, 0, payload, deadline) == IoResult::kOk;
+}
+
+bool Link::CtrlClosedByPeer() {
+  std::lock_guard<std::mutex> g(ctrl_write_mu);
+  if (ctrl_fd < 0) return false;  // closed by us: Fail() came first
+  pollfd p{ctrl_fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 void Link::CloseCtrl() {
@@ -146,17 +154,24 @@ std::shared_ptr<RemoteCache> Link::FindCache(int64_t id) {
 void Link::AddLate(std::shared_ptr<RemoteCache> rc) {
   std::unique_lock<std::shared_mutex> g(late_mu);
   const int64_t id = rc->id;
+  const uint64_t bytes = TableFootprint(*rc);
   auto it = late.find(id);
   if (it != late.end()) {
+    late_bytes -= TableFootprint(*it->second);
+    late_bytes += bytes;
     it->second = std::move(rc);  // a fresher answer (keys bound since); transfers keep the old one
-    return;
+  } else {
+    late.emplace(id, std::move(rc));
+    late_order.push_back(id);
+    late_bytes += bytes;
   }
-  while (late.size() >= kMaxLateCaches && !late_order.empty()) {
-    late.erase(late_order.front());
+  // Over either budget: forget the oldest others (never the one just added).
+  while ((late.size() > kMaxLateCaches || late_bytes > kMaxLinkTableBytes) && late_order.front() != id) {
+    auto old = late.find(late_order.front());
+    late_bytes -= TableFootprint(*old->second);
+    late.erase(old);
     late_order.pop_front();
   }
-  late.emplace(id, std::move(rc));
-  late_order.push_back(id);
 }
 
 std::shared_ptr<RemoteCache> Link::ForgetLate(int64_t id) {
@@ -164,6 +179,7 @@ std::shared_ptr<RemoteCache> Link::ForgetLate(int64_t id) {
   auto it = late.find(id);
   if (it == late.end()) return nullptr;
   std::shared_ptr<RemoteCache> rc = std::move(it->second);
+  late_bytes -= TableFootprint(*rc);
   late.erase(it);
   late_order.erase(std::find(late_order.begin(), late_order.end(), id));
   return rc;

@@ -54,6 +54,7 @@ struct Link {
   std::atomic<bool> alive{true};
   bool opener = false;
   std::string remote_ip;
+  std::string peer_addr;  // the peer's IP address as the kernel reports it (link caps count by it)
   uint16_t remote_port = 0;
   uint8_t token[16] = {};
   int ctrl_fd = -1;
@@ -75,6 +76,7 @@ struct Link {
   std::shared_mutex late_mu;
   std::map<int64_t, std::shared_ptr<RemoteCache>> late;  // guarded by late_mu
   std::deque<int64_t> late_order;                         // guarded by late_mu: `late`'s ids, oldest first
+  uint64_t late_bytes = 0;  // guarded by late_mu: TableFootprint of `late`, at most kMaxLinkTableBytes
   std::set<int64_t> late_shown;  // guarded by late_mu: our caches the peer learned by CACHE_QUERY
   // Link-time table first (no lock; a pointer that does not own: valid while the link is held),
   // then `late` (shared lock); never asks the peer. Null when neither has it.
@@ -82,6 +84,8 @@ struct Link {
   void AddLate(std::shared_ptr<RemoteCache> rc);  // under late_mu: makes room first; a newer answer replaces
   std::shared_ptr<RemoteCache> ForgetLate(int64_t id);  // removes it from `late`; returns it
   bool Shown(int64_t id);  // `shown` or `late_shown`
+  // The peer has closed (or reset) the control connection, though CtrlLoop may not have seen it yet.
+  bool CtrlClosedByPeer();
   ChannelOpener open_channel;  // opener side: connects and authenticates one more channel
   // Address-based transfers (engine/ranges.cc): `caches` sorted by announced address, built once.
   std::once_flag by_addr_once;

@@ -58,6 +58,16 @@ std::vector<std::shared_ptr<Link>> LinkRegistry::Alive() const {
   return out;
 }
 
+void LinkRegistry::CountAlive(const std::string &addr, size_t *from_addr, size_t *total) const {
+  std::lock_guard<std::mutex> g(mu_);
+  *from_addr = *total = 0;
+  for (const auto &kv : links_) {
+    if (!kv.second->alive.load()) continue;
+    ++*total;
+    *from_addr += kv.second->peer_addr == addr;
+  }
+}
+
 bool LinkRegistry::empty() const {
   std::lock_guard<std::mutex> g(mu_);
   return links_.empty();

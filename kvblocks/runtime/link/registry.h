@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "link/link.h"
@@ -25,6 +26,8 @@ class LinkRegistry {
   std::vector<std::shared_ptr<Link>> SameHostAlive() const;
   std::vector<std::shared_ptr<Link>> Alive() const;
   bool empty() const;
+  // Live links in all, and those whose peer_addr is `addr`.
+  void CountAlive(const std::string &addr, size_t *from_addr, size_t *total) const;
   void ShutdownAll();  // marks every link dead and wakes its I/O
 
  private:

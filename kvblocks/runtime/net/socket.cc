@@ -247,10 +247,28 @@ IoResult RecvReplyHeader(int fd, FrameHeader *h, int64_t deadline) {
   return w == IoResult::kOk ? RecvHeader(fd, h, deadline) : w;
 }
 
-IoResult RecvPayload(int fd, const FrameHeader &h, std::string *out, int64_t deadline, uint64_t max) {
-  if (h.length > max) return IoResult::kError;
-  out->resize(h.length);
-  return h.length == 0 ? IoResult::kOk : RecvAll(fd, &(*out)[0], h.length, deadline);
+namespace {
+// Reads the `len` bytes announced into `out` with `read(p, n)`, growing it only as they arrive: a
+// read asks for at most as many bytes as have already come (kPayloadChunk at first), so a peer that
+// announces 64 MiB and sends nothing costs kPayloadChunk, not 64 MiB for kFrameNs.
+template <typename Read>
+IoResult ReadGrowing(uint64_t len, std::string *out, Read &&read) {
+  out->clear();
+  uint64_t have = 0;
+  while (have < len) {
+    const uint64_t next = std::min<uint64_t>(len, std::max<uint64_t>(kPayloadChunk, 2 * have));
+    out->resize(next);
+    const IoResult r = read(&(*out)[have], next - have);
+    if (r != IoResult::kOk) return r;
+    have = next;
+  }
+  return IoResult::kOk;
+}
+}  // namespace
+
+IoResult RecvPayload(int fd, const FrameHeader &h, Channel ch, std::string *out, int64_t deadline) {
+  if (h.length > MaxPayload(h.type, ch)) return IoResult::kError;
+  return ReadGrowing(h.length, out, [&](char *p, uint64_t n) { return RecvAll(fd, p, n, deadline); });
 }
 
 NoSpin::NoSpin() : was_(t_no_spin) { t_no_spin = true; }
@@ -313,10 +331,9 @@ IoResult RecvBuffer::ReadHeader(FrameHeader *h, int64_t deadline) {
   return DecodeHeader(head, h) ? IoResult::kOk : IoResult::kError;
 }
 
-IoResult RecvBuffer::ReadPayload(const FrameHeader &h, std::string *out, int64_t deadline, uint64_t max) {
-  if (h.length > max) return IoResult::kError;
-  out->resize(h.length);
-  return h.length == 0 ? IoResult::kOk : Read(&(*out)[0], h.length, deadline);
+IoResult RecvBuffer::ReadPayload(const FrameHeader &h, Channel ch, std::string *out, int64_t deadline) {
+  if (h.length > MaxPayload(h.type, ch)) return IoResult::kError;
+  return ReadGrowing(h.length, out, [&](char *p, uint64_t n) { return Read(p, n, deadline); });
 }
 
 Status StatusOf(IoResult r) {
@@ -434,7 +451,7 @@ int ListenTcp(const std::string &ip, uint32_t port, Status *st) {
   }
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd, reinterpret_cast<sockaddr *>(&ss), len) != 0 || listen(fd, 128) != 0) {
+  if (bind(fd, reinterpret_cast<sockaddr *>(&ss), len) != 0 || listen(fd, SOMAXCONN) != 0) {
     const int err = errno;
     LogInfo("cannot listen on %s:%u: %s", ip.c_str(), port, strerror(err));
     close(fd);

@@ -45,9 +45,9 @@ IoResult WaitReadable(int fd);
 // RecvHeader of the reply to a request this thread just wrote: waits for it (spinning first, as
 // every read) before the first read, which would otherwise fail with EAGAIN and cost a system call.
 IoResult RecvReplyHeader(int fd, FrameHeader *h, int64_t deadline);
-// Reads the payload announced by `h`, refusing one over `max` bytes before allocating it.
-IoResult RecvPayload(int fd, const FrameHeader &h, std::string *out, int64_t deadline,
-                     uint64_t max = kMaxControlPayload);
+// Reads the payload announced by `h`: kError, before anything is allocated, when it is longer
+// than its type may be on `ch` (MaxPayload); else `out` grows with the bytes that arrive.
+IoResult RecvPayload(int fd, const FrameHeader &h, Channel ch, std::string *out, int64_t deadline);
 
 // Encodes `msg` and sends it as one frame.
 template <typename M>
@@ -89,7 +89,7 @@ class RecvBuffer {
   // Like RecvIov: the deadline is checked before every copy or read into `iov`.
   IoResult ReadIov(struct iovec *iov, size_t iovcnt, int64_t deadline);
   IoResult ReadHeader(FrameHeader *h, int64_t deadline);
-  IoResult ReadPayload(const FrameHeader &h, std::string *out, int64_t deadline, uint64_t max = kMaxControlPayload);
+  IoResult ReadPayload(const FrameHeader &h, Channel ch, std::string *out, int64_t deadline);  // as RecvPayload
 
  private:
   size_t Take(void *p, size_t n);

@@ -25,7 +25,7 @@ using namespace llm_datadist;  // NOLINT: status constants
 
 namespace {
 
-// A plan whose request would not fit one frame (kMaxControlPayload) goes as several requests on
+// A plan whose request would not fit one frame (kMaxRequestPayload) goes as several requests on
 // the same channel, each with every tensor and a run of the segments: [seg_begin, seg_end).
 struct Piece {
   size_t seg_begin, seg_end;
@@ -34,7 +34,7 @@ struct Piece {
 
 std::vector<Piece> SplitPlan(const Plan &plan) {
   const uint64_t fixed = kRequestFixedBytes + 4ULL * plan.src_tensors.size();
-  const size_t per = static_cast<size_t>((kMaxControlPayload - fixed) / kRequestRangeBytes);
+  const size_t per = static_cast<size_t>((kMaxRequestPayload - fixed) / kRequestRangeBytes);
   std::vector<Piece> out;
   for (size_t b = 0; b < plan.segs.size(); b += per) {
     Piece p{b, std::min(plan.segs.size(), b + per), 0};
@@ -196,7 +196,7 @@ Status TcpPath::Execute(const Plan &plan, const CacheEntry &local, bool pull, in
 // stays latency-bound and large transfers keep channels of their own.
 const void *TcpPath::PipelineKey(const Plan &plan, bool) const {
   const uint64_t fixed = kRequestFixedBytes + 4ULL * plan.src_tensors.size();
-  if (plan.segs.size() > (kMaxControlPayload - fixed) / kRequestRangeBytes) return nullptr;
+  if (plan.segs.size() > (kMaxRequestPayload - fixed) / kRequestRangeBytes) return nullptr;
   uint64_t per_tensor = 0;
   for (const Segment &g : plan.segs) per_tensor += g.len;
   return per_tensor * plan.src_tensors.size() <= kMaxInlineWrite ? link_ : nullptr;

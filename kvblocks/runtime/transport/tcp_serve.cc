@@ -150,13 +150,15 @@ void ServeChannel(int fd, Link *link, const CacheRegistry &caches) {
       if (hr == IoResult::kError) SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + kErrorReplyNs);
       break;
     }
-    if (h.length > kMaxControlPayload) {
+    // Longer than its type may be (kPayloadLimits): refused from the header, before any allocation.
+    if (h.length > MaxPayload(h.type, Channel::kData)) {
       SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + kErrorReplyNs);
       break;
     }
-    if (rb.ReadPayload(h, &payload, NowNs() + kFrameNs) != IoResult::kOk) break;
+    if (rb.ReadPayload(h, Channel::kData, &payload, NowNs() + kFrameNs) != IoResult::kOk) break;
     if (h.type == kReadReq || h.type == kWriteReq) {
       if (!ServeRequest(fd, rb, h, payload, caches)) break;
+      if (payload.capacity() > kPayloadChunk) std::string().swap(payload);  // a rare large one: not kept
     } else if (!Reply(fd, kError, LLM_PARAM_INVALID)) {
       break;
     }

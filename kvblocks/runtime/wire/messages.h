@@ -224,6 +224,47 @@ struct XferRequest {
   std::vector<ByteRange> ranges;
 };
 
+// ---- payload bounds
+// Where a frame arrives: the handshake of any connection (before it belongs to a link), a link's
+// control connection, or a data channel this side serves.
+enum class Channel : uint8_t { kHandshake, kControl, kData };
+
+// The largest payload each frame type may announce, per channel; checked from the header before
+// anything is allocated (net/socket.cc RecvPayload), and buffers then grow only with the bytes that
+// arrive. kSmallPayload bounds the fixed-size messages (each is at most 50 bytes) and every type not
+// listed for a channel (those without payload, and unknown ones, which are skipped or answered
+// with ERROR).
+constexpr uint64_t kSmallPayload = 64;
+constexpr uint64_t kMaxNotifyPayload = 20 + kMaxNotifyName + kMaxNotifyMessage;
+struct PayloadLimit {
+  uint16_t type;
+  Channel channel;
+  uint64_t max;
+};
+constexpr PayloadLimit kPayloadLimits[] = {
+    {kHello, Channel::kHandshake, kHelloBytes},
+    {kChallenge, Channel::kHandshake, kSmallPayload},
+    {kAuth, Channel::kHandshake, kSmallPayload},
+    {kLinkInfo, Channel::kHandshake, kMaxLinkInfoPayload},
+    {kConfirm, Channel::kHandshake, kSmallPayload},
+    {kBind, Channel::kHandshake, sizeof(Bind::mac)},
+    {kCacheGone, Channel::kControl, kSmallPayload},
+    {kCacheGoneAck, Channel::kControl, kSmallPayload},
+    {kNotify, Channel::kControl, kMaxNotifyPayload},
+    {kNotifyAck, Channel::kControl, kMaxNotifyPayload},
+    {kKeyConsumed, Channel::kControl, kSmallPayload},
+    {kKeyReleased, Channel::kControl, kSmallPayload},
+    {kCacheQuery, Channel::kControl, kSmallPayload},
+    {kCacheInfo, Channel::kControl, kMaxCacheInfoPayload},
+    {kReadReq, Channel::kData, kMaxRequestPayload},
+    {kWriteReq, Channel::kData, kMaxRequestPayload},
+};
+constexpr uint64_t MaxPayload(uint16_t type, Channel ch) {
+  for (const PayloadLimit &l : kPayloadLimits)
+    if (l.type == type && l.channel == ch) return l.max;
+  return kSmallPayload;
+}
+
 void Encode(const Hello &m, std::string *out);
 void Encode(const Challenge &m, std::string *out);
 void Encode(const AuthProof &m, std::string *out);
