@@ -32,6 +32,7 @@ constexpr size_t kMaxLocalName = 64;                  // abstract Unix socket na
 constexpr size_t kMaxLocalFds = 250;                  // memfds passed in one SCM_RIGHTS message (kernel: 253)
 constexpr uint32_t kMaxTableCaches = 1U << 20;
 constexpr uint32_t kMaxTableTensors = 1U << 20;
+constexpr uint32_t kMaxUcxBlob = 1U << 16;  // a UCP worker address or packed rkey in UCX_INFO
 
 // ---- links and handshakes
 constexpr int64_t kHandshakeNs = 10 * kSecNs;  // bound on an authenticated peer that stalls mid-handshake
