@@ -59,6 +59,7 @@ try:
         OPTION_SYNC_CACHE_WAIT_TIME,
         OPTION_TRANSFER_BACKEND,
         OPTION_TRANSPORT,
+        OPTION_UCX_TRUSTED_NETWORK,
         Cache,
         CacheDesc,
         CacheIndex,
@@ -102,6 +103,7 @@ __all__ = [
     "LLMTimeoutError", "LinkError", "LlmDataDist", "LlmRole", "ParamInvalidError", "Status",
     "OPTION_AUTH_TOKEN", "OPTION_BUF_POOL_CFG", "OPTION_DEVICE_ID", "OPTION_ENABLE_SET_ROLE",
     "OPTION_GLOBAL_RESOURCE_CONFIG", "OPTION_LISTEN_IP_INFO", "OPTION_LOCAL_COMM_RES", "OPTION_ROLE_CHECK",
-    "OPTION_SYNC_CACHE_WAIT_TIME", "OPTION_TRANSFER_BACKEND", "OPTION_TRANSPORT", "get_include",
+    "OPTION_SYNC_CACHE_WAIT_TIME", "OPTION_TRANSFER_BACKEND", "OPTION_TRANSPORT", "OPTION_UCX_TRUSTED_NETWORK",
+    "get_include",
     "get_library_dir", "validate_blocks", "TransferHandle", "wait_all", "LayerPush",
 ]

@@ -15,6 +15,7 @@ OPTION_GLOBAL_RESOURCE_CONFIG = "llm.GlobalResourceConfig"
 OPTION_TRANSPORT = "kvblocks.Transport"
 OPTION_AUTH_TOKEN = "kvblocks.AuthToken"
 OPTION_ROLE_CHECK = "kvblocks.RoleCheck"
+OPTION_UCX_TRUSTED_NETWORK = "kvblocks.UcxTrustedNetwork"
 
 
 class LlmRole(_enum.IntEnum):

@@ -17,6 +17,7 @@ namespace kvblocks {
 constexpr const char OPTION_TRANSPORT[] = "kvblocks.Transport";
 constexpr const char OPTION_AUTH_TOKEN[] = "kvblocks.AuthToken";
 constexpr const char OPTION_ROLE_CHECK[] = "kvblocks.RoleCheck";
+constexpr const char OPTION_UCX_TRUSTED_NETWORK[] = "kvblocks.UcxTrustedNetwork";  // "1": UCX (exposes memory)
 enum class CacheKind : uint8_t { kMix = 0, kBlocks = 1, kCache = 2 };
 inline const char *LastErrorMessage() noexcept { return ""; }
 // Asynchronous transfers are a kvblocks runtime feature: against CANN no handle is ever valid.

@@ -10,6 +10,7 @@ link say; optionally with a cache ``key`` and batch ``keys``), ``{"op": "find_ke
 ``{"op": "unbind", ...}`` and ``{"op": "exit"}`` one line each.
 """
 import argparse
+import ctypes
 import hashlib
 import json
 import os
@@ -40,6 +41,7 @@ def main() -> int:
     ap.add_argument("--block-bytes", type=int, default=64)
     ap.add_argument("--wait-ms", type=int, default=1000)
     ap.add_argument("--auth", default=None)
+    ap.add_argument("--option", action="append", default=[], help="KEY=VALUE: another engine option")
     args = ap.parse_args()
 
     dd = kb.LlmDataDist(args.cluster, kb.LlmRole[args.role])
@@ -49,6 +51,9 @@ def main() -> int:
         opts[kb.OPTION_LISTEN_IP_INFO] = args.listen
     if args.auth is not None:
         opts[kb.OPTION_AUTH_TOKEN] = args.auth
+    for kv in args.option:
+        k, _, v = kv.partition("=")
+        opts[k] = v
     dd.initialize(opts)
     desc = kb.CacheDesc(args.tensors, kb.DataType.DT_UINT8, [args.blocks, args.block_bytes])
     alloc = dd.allocate_cache(desc)
@@ -58,6 +63,7 @@ def main() -> int:
     reg = dd.register_arrays(arrays)
     caches = {"alloc": alloc, "reg": reg}
     out = sys.stdout
+    heap = []
 
     def reply(obj):
         out.write(json.dumps(obj) + "\n")
@@ -121,6 +127,9 @@ def main() -> int:
                     time.sleep(cmd["seconds"])
                     os._exit(0)
                 reply({"child": child})
+            elif op == "heap":  # memory kvblocks never registered: `hex` at the returned address
+                heap.append(ctypes.create_string_buffer(bytes.fromhex(cmd["hex"])))
+                reply({"addr": ctypes.addressof(heap[-1])})
             elif op == "read":
                 reply({"hex": bytes(caches[cmd["cache"]].tensor(cmd["tensor"])).hex()})
             else:

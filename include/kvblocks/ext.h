@@ -33,6 +33,7 @@ namespace kvblocks {
 constexpr const char OPTION_TRANSPORT[] = "kvblocks.Transport";     // auto | shm | tcp
 constexpr const char OPTION_AUTH_TOKEN[] = "kvblocks.AuthToken";    // shared secret for links
 constexpr const char OPTION_ROLE_CHECK[] = "kvblocks.RoleCheck";    // "0" (default, CANN V2) | "1" (V1 roles)
+constexpr const char OPTION_UCX_TRUSTED_NETWORK[] = "kvblocks.UcxTrustedNetwork";  // "1": UCX (exposes memory)
 
 // How a cache may be addressed: kMix (C++ RegisterKvCache/AllocateCache) serves both block and
 // batch transfers; kBlocks and kCache mirror CANN's Python register_blocks_cache/register_cache.
