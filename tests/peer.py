@@ -127,7 +127,7 @@ def main() -> int:
                     time.sleep(cmd["seconds"])
                     os._exit(0)
                 reply({"child": child})
-            elif op == "heap":  # memory kvblocks never registered: `hex` at the returned address
+            elif op == "secret":  # memory kvblocks never registered, holding `hex`: its address
                 heap.append(ctypes.create_string_buffer(bytes.fromhex(cmd["hex"])))
                 reply({"addr": ctypes.addressof(heap[-1])})
             elif op == "read":

@@ -48,8 +48,8 @@ def _victim(ns, listen, transport, trusted=False):
 
 def _attack(raw_client, ns, ip, victim, get_only=False):
     """Runs the client against every port of `ip`; returns (its output lines, the targets)."""
-    secret = victim.call(op="heap", hex=SECRET.hex())["addr"]
-    blank = victim.call(op="heap", hex=bytes(64).hex())["addr"]
+    secret = victim.call(op="secret", hex=SECRET.hex())["addr"]
+    blank = victim.call(op="secret", hex=bytes(64).hex())["addr"]
     cache = victim.info["addrs"]["reg"][0]
     ops = [f"get:{secret:x}:64", f"get:{cache:x}:64"]
     if not get_only:
@@ -70,7 +70,7 @@ def _assert_nothing_exposed(lines, targets, victim):
     cache = bytes.fromhex(victim.call(op="read", cache="reg", tensor=0)["hex"])
     assert cache[:64] == pattern(1, 0, victim.blocks, victim.block_bytes).tobytes()[:64]
     assert victim.proc.poll() is None, f"the victim died: {victim.proc.returncode}"
-    assert victim.call(op="heap", hex="00")["addr"] > 0
+    assert victim.call(op="secret", hex="00")["addr"] > 0
 
 
 def _linker(ns, transport, trusted=False):
