@@ -160,7 +160,8 @@ def runtime_sources():
 def extensions():
     from Cython.Build import cythonize
 
-    include_dirs = [os.path.join(CANN_HOME, "include")] if CANN_HOME else ["include"]
+    # CANN's headers first; kvblocks' own (include/kvblocks/: rules, ext_types) come from here.
+    include_dirs = [os.path.join(CANN_HOME, "include"), "include"] if CANN_HOME else ["include"]
     library_dirs = [os.path.join(CANN_HOME, "lib64")] if CANN_HOME else []
     macros = [("KVBLOCKS_WITH_CANN", "1")] if CANN_HOME else []
     if DEBUG:

@@ -11,14 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "kvblocks/ext_types.h"  // the same data types as the runtime build: only behaviour differs
 #include "llm_datadist/llm_datadist.h"
 
 namespace kvblocks {
-constexpr const char OPTION_TRANSPORT[] = "kvblocks.Transport";
-constexpr const char OPTION_AUTH_TOKEN[] = "kvblocks.AuthToken";
-constexpr const char OPTION_ROLE_CHECK[] = "kvblocks.RoleCheck";
-constexpr const char OPTION_UCX_TRUSTED_NETWORK[] = "kvblocks.UcxTrustedNetwork";  // "1": UCX (exposes memory)
-enum class CacheKind : uint8_t { kMix = 0, kBlocks = 1, kCache = 2 };
 inline const char *LastErrorMessage() noexcept { return ""; }
 // Asynchronous transfers are a kvblocks runtime feature: against CANN no handle is ever valid.
 class TransferHandle {
@@ -43,34 +39,6 @@ class LayerPush {
   uint32_t LayersSent() const noexcept { return 0; }
   const char *Message() const noexcept { return ""; }
 };
-struct LayerSegment {
-  uint64_t src_off = 0, dst_off = 0, len = 0;
-};
-struct LayerPiece {
-  uint32_t layer = 0;
-  uint32_t src_tensor = 0;
-  int64_t dst_cache_id = 0;
-  uint32_t dst_tensor = 0;
-  uint64_t dst_addr = 0;
-  std::vector<LayerSegment> segs;
-};
-struct BlocksRequest {
-  bool pull = true;
-  llm_datadist::CacheIndex remote;
-  llm_datadist::Cache local;
-  std::vector<uint64_t> src_blocks;
-  std::vector<uint64_t> dst_blocks;
-  llm_datadist::KvCacheExtParam ext;
-};
-struct RemoteCacheInfo {
-  int64_t cache_id = 0;
-  int64_t key = -1;
-  bool allocated = false;
-  std::vector<int64_t> batch_keys;
-  uint32_t num_tensors = 0;
-  uint64_t tensor_bytes = 0, num_blocks = 0, batch_size = 0, stride = 0;
-  std::vector<uint64_t> addrs;
-};
 struct ImplAccess {
   static llm_datadist::Status AddCache(llm_datadist::LlmDataDist &dd, const llm_datadist::CacheDesc &desc,
                                        const std::vector<uint64_t> &addrs, CacheKind kind, int64_t key,
@@ -91,6 +59,14 @@ struct ImplAccess {
     return llm_datadist::LLM_FEATURE_NOT_ENABLED;
   }
   static std::string LinkPath(llm_datadist::LlmDataDist &, uint64_t) { return "cann"; }
+  static llm_datadist::Status SendNotify(llm_datadist::LlmDataDist &, uint64_t, const std::string &,
+                                         const std::string &, int32_t) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static llm_datadist::Status GetNotifies(llm_datadist::LlmDataDist &, std::vector<NotifyMessage> &out) noexcept {
+    out.clear();
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
   static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &, int64_t) { return nullptr; }
   static int LinkChannels(llm_datadist::LlmDataDist &, uint64_t) { return 0; }
   static bool HasLinks(llm_datadist::LlmDataDist &) { return false; }

@@ -7,7 +7,9 @@ pattern that encodes (cluster, tensor, block), prints ``{"ready": ..., "alloc": 
 and then answers commands such as ``{"op": "link", ...}``, ``{"op": "pull", ...}``,
 ``{"op": "digest"}``, ``{"op": "alloc", "name": ..., "seed": ...}`` (another cache, after the
 link say; optionally with a cache ``key`` and batch ``keys``), ``{"op": "find_key", ...}``,
-``{"op": "unbind", ...}`` and ``{"op": "exit"}`` one line each.
+``{"op": "unbind", ...}``, ``{"op": "heap", "size": n}`` (a buffer it never registers),
+``{"op": "secret", "hex": ...}`` (another, holding ``hex``), ``{"op": "path", "cluster": id}`` and
+``{"op": "exit"}`` one line each.
 """
 import argparse
 import ctypes
@@ -63,7 +65,8 @@ def main() -> int:
     reg = dd.register_arrays(arrays)
     caches = {"alloc": alloc, "reg": reg}
     out = sys.stdout
-    heap = []
+    heap = None
+    secrets = []
 
     def reply(obj):
         out.write(json.dumps(obj) + "\n")
@@ -128,10 +131,16 @@ def main() -> int:
                     os._exit(0)
                 reply({"child": child})
             elif op == "secret":  # memory kvblocks never registered, holding `hex`: its address
-                heap.append(ctypes.create_string_buffer(bytes.fromhex(cmd["hex"])))
-                reply({"addr": ctypes.addressof(heap[-1])})
+                secrets.append(ctypes.create_string_buffer(bytes.fromhex(cmd["hex"])))
+                reply({"addr": ctypes.addressof(secrets[-1])})
             elif op == "read":
                 reply({"hex": bytes(caches[cmd["cache"]].tensor(cmd["tensor"])).hex()})
+            elif op == "heap":  # a buffer this process never registered: its address and bytes now
+                if heap is None:
+                    heap = np.frombuffer(b"UNREGISTERED-HEAP-" * (cmd["size"] // 18 + 1), np.uint8)[:cmd["size"]].copy()
+                reply({"addr": heap.ctypes.data, "hex": heap.tobytes().hex()})
+            elif op == "path":
+                reply({"path": dd.link_path(cmd["cluster"])})
             else:
                 reply({"error": f"unknown op {op}"})
         except kb.LLMException as e:

@@ -124,11 +124,15 @@ def test_oversized_frame_and_garbage_close_only_that_connection(victim):
     g, status, _ = handshake(port, 2, 77, token=token)
     g.sendall(b"GET / HTTP/1.1\r\n\r\n" + b"\x00" * 64)
     g.settimeout(5)
-    try:
-        t, status, _ = recv_frame(g)
-        assert t == ERROR
-    except (ConnectionError, AssertionError, struct.error):
-        pass
+    # The listener may answer the garbage with ERROR frames, but nothing else, and it must close the
+    # connection (recv returns b"" rather than timing out).
+    answers = []
+    while True:
+        head = g.recv(1, socket.MSG_PEEK)
+        if not head:
+            break
+        answers.append(recv_frame(g)[0])
+    assert set(answers) <= {ERROR}, answers
     g.close()
     fresh, status, _ = handshake(port, 2, 77, token=token)
     assert status == 0

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "kvblocks/ext_types.h"
 #include "llm_datadist/llm_datadist.h"
 
 namespace kvblocks {
@@ -39,17 +40,6 @@ class KVBLOCKS_API TransferHandle {
 
  private:
   std::shared_ptr<TransferState> s_;
-};
-
-// One request of a batch: the arguments of PullKvBlocks (pull = true: `remote` is the source and
-// `local` the destination) or of PushKvBlocks (pull = false: `local` is the source).
-struct BlocksRequest {
-  bool pull = true;
-  llm_datadist::CacheIndex remote;
-  llm_datadist::Cache local;
-  std::vector<uint64_t> src_blocks;
-  std::vector<uint64_t> dst_blocks;
-  llm_datadist::KvCacheExtParam ext;
 };
 
 }  // namespace kvblocks

@@ -11,60 +11,11 @@
 
 #include "kvblocks/async.h"
 #include "kvblocks/error.h"
+#include "kvblocks/ext_types.h"
 #include "kvblocks/layerwise.h"
 #include "llm_datadist/llm_datadist.h"
 
 namespace kvblocks {
-
-// ABI: this header, unlike llm_datadist.h and hixl/hixl.h, has std::string in signatures and
-// structs (NotifyMessage, LinkPath, SendNotify). Those are not converted: instead a client built
-// with a different _GLIBCXX_USE_CXX11_ABI than the library (CANN's -D_GLIBCXX_USE_CXX11_ABI=0)
-// fails to link to them rather than misreading them. Functions taking or returning std::string
-// carry std::__cxx11 / [abi:cxx11] in their symbols already; NotifyMessage is tagged here so that
-// GetNotifies(std::vector<NotifyMessage>&) does too. Every other ImplAccess call uses only
-// ABI-neutral types and links under either value.
-#if defined(__GNUC__) && defined(_GLIBCXX_USE_CXX11_ABI) && _GLIBCXX_USE_CXX11_ABI
-#define KVBLOCKS_STD_STRING_ABI __attribute__((abi_tag("cxx11")))
-#else
-#define KVBLOCKS_STD_STRING_ABI
-#endif
-
-// kvblocks option keys (documented in the README).
-constexpr const char OPTION_TRANSPORT[] = "kvblocks.Transport";     // auto | shm | tcp
-constexpr const char OPTION_AUTH_TOKEN[] = "kvblocks.AuthToken";    // shared secret for links
-constexpr const char OPTION_ROLE_CHECK[] = "kvblocks.RoleCheck";    // "0" (default, CANN V2) | "1" (V1 roles)
-constexpr const char OPTION_UCX_TRUSTED_NETWORK[] = "kvblocks.UcxTrustedNetwork";  // "1": UCX (exposes memory)
-
-// How a cache may be addressed: kMix (C++ RegisterKvCache/AllocateCache) serves both block and
-// batch transfers; kBlocks and kCache mirror CANN's Python register_blocks_cache/register_cache.
-enum class CacheKind : uint8_t { kMix = 0, kBlocks = 1, kCache = 2 };
-
-// Data path of a link, as chosen at link time.
-enum class PathKind : uint8_t { kNone = 0, kInProcess = 1, kSharedMemory = 2, kTcp = 3 };
-
-// A notification received from a peer (SendNotify / GetNotifies).
-struct KVBLOCKS_STD_STRING_ABI NotifyMessage {
-  uint64_t from_cluster_id = 0;
-  std::string name;
-  std::string message;
-};
-
-// One address-based copy: `len` bytes between local address `local` and the peer's address
-// `remote` (read: remote -> local; write: local -> remote). Both must lie in registered memory.
-struct AddrRange {
-  uint64_t local = 0, remote = 0, len = 0;
-};
-
-// A peer's cache as announced in its link-time table (what CANN's remote-accessible mode reads).
-struct RemoteCacheInfo {
-  int64_t cache_id = 0;
-  int64_t key = -1;
-  bool allocated = false;  // allocated by the peer's runtime (not user memory it registered)
-  std::vector<int64_t> batch_keys;
-  uint32_t num_tensors = 0;
-  uint64_t tensor_bytes = 0, num_blocks = 0, batch_size = 0, stride = 0;
-  std::vector<uint64_t> addrs;
-};
 
 struct KVBLOCKS_API ImplAccess {
   // Registers (addrs non-empty) or allocates (addrs empty) a cache of the given kind;

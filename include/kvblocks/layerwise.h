@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "kvblocks/ext_types.h"
 #include "llm_datadist/llm_datadist.h"
 
 namespace kvblocks {
@@ -51,24 +52,6 @@ class KVBLOCKS_API LayerPush {
 
  private:
   std::shared_ptr<LayerPushState> s_;
-};
-
-// A byte range of one tensor pair in a piece of a layer push (offsets: see LayerPiece).
-struct LayerSegment {
-  uint64_t src_off = 0, dst_off = 0, len = 0;
-};
-
-// One part of a layer (CANN's transfer_cache_async): bytes of local tensor `src_tensor` to one
-// remote tensor, named either by (dst_cache_id > 0, dst_tensor), with dst_off from the tensor's
-// start, or by an address `dst_addr` inside a tensor the peer registered (dst_cache_id <= 0), with
-// dst_off from that address. Every piece is checked against both cache tables at the open.
-struct LayerPiece {
-  uint32_t layer = 0;
-  uint32_t src_tensor = 0;
-  int64_t dst_cache_id = 0;
-  uint32_t dst_tensor = 0;
-  uint64_t dst_addr = 0;
-  std::vector<LayerSegment> segs;
 };
 
 }  // namespace kvblocks

@@ -70,7 +70,9 @@ def transfer_key(case_id):
     """``(path, size, direction, pattern)`` for a kvblocks transfer case id such as
     ``shm/small/pull/random``, else None. Raises nothing."""
     parts = case_id.split("/")
-    if len(parts) == 4 and parts[0] in TRANSFER_PATHS:
+    # Only path/size/direction/pattern: baselines such as tcp/raw-pingpong-8B/loaded/one-cpu also
+    # have four parts, and no peer engine has them.
+    if len(parts) == 4 and parts[0] in TRANSFER_PATHS and parts[2] in ("pull", "push"):
         return tuple(parts)
     return None
 

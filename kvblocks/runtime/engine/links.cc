@@ -340,11 +340,12 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
     return l ? OpenChannel(l, kind, dl, s) : -1;
   };
   // Same host? Ask the kernel: connect to the acceptor's one-shot local socket (claims only decide
-  // whether to try).
+  // whether to try). The exchange also proves the process there owns the far end of `fd`.
   PeerIdentity me;
   FillIdentity(instance_token_, &probe_value_, &me);
+  TcpEnds ctrl_ends;
   if (!link->same_process && (link->capabilities & (kCapSharedMemory | kCapCma)) != 0 &&
-      SameHostHint(me, link->peer))
+      SameHostHint(me, link->peer) && TcpEndsOf(fd, &ctrl_ends))
     local_fd = ConnectLocal(theirs.info.local_name);
   Confirm confirm{sent - theirs.info.clock_ns, local_fd >= 0};
   ir = SendMessage(fd, kConfirm, 0, confirm, deadline);
@@ -352,7 +353,8 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
   if (local_fd >= 0) {
     std::vector<std::shared_ptr<CacheEntry>> keep;
     const LocalFds fds = OurMemfds(mine.info.caches, &keep);
-    OpenerLocalExchange(local_fd, mine.info.local_key, theirs.info.local_key, fds, deadline, &link->local);
+    OpenerLocalExchange(local_fd, mine.info.local_key, theirs.info.local_key, ctrl_ends, fds, deadline,
+                        &link->local);
     close(local_fd);
     local_fd = -1;
   }
@@ -588,7 +590,8 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
   std::shared_lock<std::shared_timed_mutex> table_hold(table_mu_);  // until the link is registered
   FillLinkInfo(&mine.info);
   for (const auto &c : mine.info.caches) link->shown.insert(c.id);
-  if (!link->same_process && (link->capabilities & (kCapSharedMemory | kCapCma)) != 0)
+  TcpEnds ctrl_ends;  // the local exchange checks the opener owns the far end of `fd`
+  if (!link->same_process && (link->capabilities & (kCapSharedMemory | kCapCma)) != 0 && TcpEndsOf(fd, &ctrl_ends))
     lfd = ListenLocal(&mine.info.local_name);
   std::string out;
   Encode(mine, &out);
@@ -604,8 +607,8 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
     const LocalFds fds = OurMemfds(mine.info.caches, &keep);
     // The opener connected before sending CONFIRM: an honest one answers at once, so a peer that
     // asks for the exchange and never connects holds us kAuthNs at most.
-    AcceptLocalExchange(lfd, mine.info.local_key, theirs.info.local_key, fds, std::min(deadline, NowNs() + kAuthNs),
-                        &link->local);
+    AcceptLocalExchange(lfd, mine.info.local_key, theirs.info.local_key, ctrl_ends, fds,
+                        std::min(deadline, NowNs() + kAuthNs), &link->local);
   }
   if (lfd >= 0) close(lfd);
   lfd = -1;

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "transport/local_peer.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -44,12 +46,18 @@ bool WaitFd(int fd, short events, int64_t deadline) {
   }
 }
 
-// One message: u32 length, then key[16], count u32, cache ids i64; the memfds ride on it.
-bool Send(int fd, const uint8_t key[16], const LocalFds &fds, int64_t deadline) {
+// Key, control-connection ends, count: the fixed part of a message after its length.
+constexpr uint32_t kFixedBytes = 16 + 2 * 18 + 4;
+
+// One message: u32 length, then key[16], the sender's control-connection ends (local[18],
+// remote[18]), count u32, cache ids i64; the memfds ride on it.
+bool Send(int fd, const uint8_t key[16], const TcpEnds &ctrl, const LocalFds &fds, int64_t deadline) {
   if (fds.size() > kMaxLocalFds) return false;
   Writer w;
-  w.Put<uint32_t>(static_cast<uint32_t>(20 + 8 * fds.size()));
+  w.Put<uint32_t>(static_cast<uint32_t>(kFixedBytes + 8 * fds.size()));
   w.PutBytes(key, 16);
+  w.PutBytes(ctrl.local, sizeof(ctrl.local));
+  w.PutBytes(ctrl.remote, sizeof(ctrl.remote));
   w.Put<uint32_t>(static_cast<uint32_t>(fds.size()));
   for (const auto &f : fds) w.Put<int64_t>(f.first);
   std::vector<char> ctl(CMSG_SPACE(sizeof(int) * (fds.empty() ? 1 : fds.size())));
@@ -82,8 +90,8 @@ bool Send(int fd, const uint8_t key[16], const LocalFds &fds, int64_t deadline) 
   return true;
 }
 
-bool Recv(int fd, uint8_t key[16], LocalPeer *out, int64_t deadline) {
-  constexpr size_t kMax = 24 + 8 * kMaxLocalFds;
+bool Recv(int fd, uint8_t key[16], TcpEnds *ends, LocalPeer *out, int64_t deadline) {
+  constexpr size_t kMax = 4 + kFixedBytes + 8 * kMaxLocalFds;
   std::string buf;
   std::vector<int> got;
   std::vector<char> ctl(CMSG_SPACE(sizeof(int) * kMaxLocalFds));
@@ -117,13 +125,15 @@ bool Recv(int fd, uint8_t key[16], LocalPeer *out, int64_t deadline) {
     if (want == 4 && buf.size() == 4) {
       Reader r(buf);
       const uint32_t len = r.Get<uint32_t>();
-      if (len < 20 || len > kMax - 4) ok = false;
+      if (len < kFixedBytes || len > kMax - 4) ok = false;  // an older peer's message is shorter
       want = 4 + len;
     }
   }
   Reader r(buf);
   r.Get<uint32_t>();
   r.GetBytes(key, 16);
+  r.GetBytes(ends->local, sizeof(ends->local));
+  r.GetBytes(ends->remote, sizeof(ends->remote));
   const uint32_t count = r.Get<uint32_t>();
   ok = ok && r.ok && count == got.size() && r.left() == uint64_t{count} * 8;
   for (size_t i = 0; ok && i < count; ++i) {
@@ -152,7 +162,48 @@ bool Learn(int fd, LocalPeer *out) {
   return true;
 }
 
+// The peer's control-connection ends must mirror ours: else it is not the process at the far end of
+// our control connection (a relaying peer handed it this link's name and key).
+bool SameConnection(const TcpEnds &theirs, const TcpEnds &mine, const LocalPeer &peer) {
+  if (MirrorsOf(theirs, mine)) return true;
+  LogWarn("same-host exchange refused: process %d is not at the far end of this link's control connection "
+          "(a relaying peer?); the link stays on TCP", peer.pid);
+  return false;
+}
+
+// `sa` as 16 address bytes (IPv4 mapped) and a big-endian port; false for other families.
+bool PutEnd(const sockaddr_storage &sa, uint8_t out[18]) {
+  memset(out, 0, 18);
+  if (sa.ss_family == AF_INET) {
+    const auto *a = reinterpret_cast<const sockaddr_in *>(&sa);
+    out[10] = out[11] = 0xff;
+    memcpy(out + 12, &a->sin_addr, 4);
+    memcpy(out + 16, &a->sin_port, 2);
+    return true;
+  }
+  if (sa.ss_family == AF_INET6) {
+    const auto *a = reinterpret_cast<const sockaddr_in6 *>(&sa);
+    memcpy(out, &a->sin6_addr, 16);
+    memcpy(out + 16, &a->sin6_port, 2);
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+bool TcpEndsOf(int fd, TcpEnds *out) {
+  sockaddr_storage l{}, r{};
+  socklen_t ll = sizeof(l), rl = sizeof(r);
+  return getsockname(fd, reinterpret_cast<sockaddr *>(&l), &ll) == 0 &&
+         getpeername(fd, reinterpret_cast<sockaddr *>(&r), &rl) == 0 && PutEnd(l, out->local) &&
+         PutEnd(r, out->remote);
+}
+
+bool MirrorsOf(const TcpEnds &theirs, const TcpEnds &mine) {
+  return memcmp(theirs.local, mine.remote, sizeof(mine.remote)) == 0 &&
+         memcmp(theirs.remote, mine.local, sizeof(mine.local)) == 0;
+}
 
 LocalPeer::LocalPeer() = default;
 LocalPeer::~LocalPeer() = default;
@@ -190,15 +241,17 @@ int ListenLocal(std::string *name) {
   return fd;
 }
 
-bool AcceptLocalExchange(int lfd, const uint8_t my_key[16], const uint8_t their_key[16], const LocalFds &mine,
-                         int64_t deadline, LocalPeer *out) {
+bool AcceptLocalExchange(int lfd, const uint8_t my_key[16], const uint8_t their_key[16], const TcpEnds &ctrl,
+                         const LocalFds &mine, int64_t deadline, LocalPeer *out) {
   if (!WaitFd(lfd, POLLIN, deadline)) return false;
   const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (fd < 0) return false;
   uint8_t key[16];
+  TcpEnds ends;
   LocalPeer peer;
-  bool ok = Recv(fd, key, &peer, deadline) && ConstantTimeEqual(key, my_key, 16) && Learn(fd, &peer) &&
-            Send(fd, their_key, mine, deadline);
+  // Nothing of ours (key, memfds) goes out before the opener proved both the key and the connection.
+  bool ok = Recv(fd, key, &ends, &peer, deadline) && ConstantTimeEqual(key, my_key, 16) && Learn(fd, &peer) &&
+            SameConnection(ends, ctrl, peer) && Send(fd, their_key, ctrl, mine, deadline);
   close(fd);
   if (!ok) {
     peer.Release();
@@ -222,12 +275,14 @@ int ConnectLocal(const std::string &name) {
   return fd;
 }
 
-bool OpenerLocalExchange(int fd, const uint8_t my_key[16], const uint8_t their_key[16], const LocalFds &mine,
-                         int64_t deadline, LocalPeer *out) {
+bool OpenerLocalExchange(int fd, const uint8_t my_key[16], const uint8_t their_key[16], const TcpEnds &ctrl,
+                         const LocalFds &mine, int64_t deadline, LocalPeer *out) {
   uint8_t key[16];
+  TcpEnds ends;
   LocalPeer peer;
-  const bool ok = Learn(fd, &peer) && Send(fd, their_key, mine, deadline) && Recv(fd, key, &peer, deadline) &&
-                  ConstantTimeEqual(key, my_key, 16);
+  const bool ok = Learn(fd, &peer) && Send(fd, their_key, ctrl, mine, deadline) &&
+                  Recv(fd, key, &ends, &peer, deadline) && ConstantTimeEqual(key, my_key, 16) &&
+                  SameConnection(ends, ctrl, peer);
   if (!ok) {
     peer.Release();
     if (peer.pidfd >= 0) close(peer.pidfd);

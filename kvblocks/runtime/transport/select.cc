@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "transport/select.h"
 
+#include <pthread.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -122,11 +123,19 @@ std::shared_ptr<Path> PathFor(Link *link, const RemoteCache &rc, bool cma_ok) {
   return MakeTcpPath(link, rc.id);
 }
 
+uint8_t g_secret[32];
+void NewSecret() { RandomBytes(g_secret, sizeof(g_secret)); }
+
+// Per process, and a forked child gets a fresh one (at once, while it has a single thread): a child
+// that kept its parent's secret would pass for it, and its engines would never try the same-host
+// exchange with the parent's.
 const uint8_t *ProcessSecret() {
-  static uint8_t secret[32];
   static std::once_flag once;
-  std::call_once(once, [] { RandomBytes(secret, sizeof(secret)); });
-  return secret;
+  std::call_once(once, [] {
+    NewSecret();
+    pthread_atfork(nullptr, nullptr, NewSecret);
+  });
+  return g_secret;
 }
 
 void InProcessProof(uint8_t role, const uint8_t *client_nonce, const uint8_t *server_nonce, const std::string &payload,
