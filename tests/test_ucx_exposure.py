@@ -83,6 +83,7 @@ def test_auto_before_any_link(two_hosts, raw_client):
     victim = _victim(ns_a, f"{subnet}.1:26561", "auto")
     try:
         lines, targets = _attack(raw_client, ns_b, f"{subnet}.1", victim)
+        assert "open 26561" in lines  # the scan reaches the victim: kvblocks' own port
         _assert_nothing_exposed(lines, targets, victim)
     finally:
         victim.close()
@@ -99,6 +100,7 @@ def test_auto_linked_by_a_ucx_peer(two_hosts, raw_client):
         assert peer.call(op="pull", cluster=1, remote_cache=victim.info["reg"], local="alloc", src=[0],
                          dst=[0]) == {"ok": True}
         lines, targets = _attack(raw_client, ns_b, f"{subnet}.1", victim)
+        assert "open 26562" in lines
         _assert_nothing_exposed(lines, targets, victim)
         assert link["path"] == "tcp"  # auto turns UCX on only with the opt-in
     finally:
