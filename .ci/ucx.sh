@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI piece: the UCX transport tests in their own venv with the ucx extra (kvblocks-ucx, built from
 # ucx/ against the libucx-cu12 wheel). Runs tests/test_ucx.py (every UCX_TLS set it covers), the
-# two-host test (which includes UCX) and the data-path tests (auto with UCX loaded). Exits non-zero
+# two-host test (which includes UCX), the exposure test (a raw UCP client against every UCX mode; needs
+# root for network namespaces) and the data-path tests (auto with UCX loaded). Exits non-zero
 # on failure, when pytest collects nothing, or when the UCX tests were skipped.
 # Env: VENV (default .venv-ucx-ci at the checkout root), KEEP_VENV=1 to reuse an existing one.
 set -uo pipefail
@@ -24,7 +25,8 @@ echo "ci/ucx: install took $((t1 - t0)) s; venv size $(du -sh "$VENV" | cut -f1)
 
 cd /
 report=$(mktemp)
-pytest "$ROOT/tests/test_ucx.py" "$ROOT/tests/test_two_hosts.py" "$ROOT/tests/test_data_paths.py" -q -p no:cacheprovider \
+pytest "$ROOT/tests/test_ucx.py" "$ROOT/tests/test_ucx_exposure.py" "$ROOT/tests/test_two_hosts.py" \
+  "$ROOT/tests/test_data_paths.py" -q -p no:cacheprovider \
   -rs --junitxml="$report"
 rc=$?
 t2=$(date +%s)
@@ -39,7 +41,7 @@ import sys, xml.etree.ElementTree as ET
 s = ET.parse(sys.argv[1]).getroot()
 s = s if s.tag == "testsuite" else s.find("testsuite")
 cases = s.iter("testcase")
-ucx = [c for c in cases if "test_ucx" in c.get("classname", "")]
+ucx = [c for c in cases if c.get("classname", "").split(".")[-1] == "test_ucx"]
 skipped = [c for c in ucx if c.find("skipped") is not None]
 sys.exit(0 if ucx and not skipped else 1)
 PY

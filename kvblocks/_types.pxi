@@ -17,6 +17,7 @@ OPTION_AUTH_TOKEN = "kvblocks.AuthToken"
 OPTION_ROLE_CHECK = "kvblocks.RoleCheck"
 OPTION_MAX_LINKS = "kvblocks.MaxLinks"
 OPTION_MAX_LINKS_PER_PEER = "kvblocks.MaxLinksPerPeer"
+OPTION_UCX_TRUSTED_NETWORK = "kvblocks.UcxTrustedNetwork"
 
 
 class LlmRole(_enum.IntEnum):

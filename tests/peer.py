@@ -8,9 +8,11 @@ and then answers commands such as ``{"op": "link", ...}``, ``{"op": "pull", ...}
 ``{"op": "digest"}``, ``{"op": "alloc", "name": ..., "seed": ...}`` (another cache, after the
 link say; optionally with a cache ``key`` and batch ``keys``), ``{"op": "find_key", ...}``,
 ``{"op": "unbind", ...}``, ``{"op": "heap", "size": n}`` (a buffer it never registers),
-``{"op": "path", "cluster": id}`` and ``{"op": "exit"}`` one line each.
+``{"op": "secret", "hex": ...}`` (another, holding ``hex``), ``{"op": "path", "cluster": id}`` and
+``{"op": "exit"}`` one line each.
 """
 import argparse
+import ctypes
 import hashlib
 import json
 import os
@@ -41,6 +43,7 @@ def main() -> int:
     ap.add_argument("--block-bytes", type=int, default=64)
     ap.add_argument("--wait-ms", type=int, default=1000)
     ap.add_argument("--auth", default=None)
+    ap.add_argument("--option", action="append", default=[], help="KEY=VALUE: another engine option")
     args = ap.parse_args()
 
     dd = kb.LlmDataDist(args.cluster, kb.LlmRole[args.role])
@@ -50,6 +53,9 @@ def main() -> int:
         opts[kb.OPTION_LISTEN_IP_INFO] = args.listen
     if args.auth is not None:
         opts[kb.OPTION_AUTH_TOKEN] = args.auth
+    for kv in args.option:
+        k, _, v = kv.partition("=")
+        opts[k] = v
     dd.initialize(opts)
     desc = kb.CacheDesc(args.tensors, kb.DataType.DT_UINT8, [args.blocks, args.block_bytes])
     alloc = dd.allocate_cache(desc)
@@ -60,6 +66,7 @@ def main() -> int:
     caches = {"alloc": alloc, "reg": reg}
     out = sys.stdout
     heap = None
+    secrets = []
 
     def reply(obj):
         out.write(json.dumps(obj) + "\n")
@@ -123,6 +130,9 @@ def main() -> int:
                     time.sleep(cmd["seconds"])
                     os._exit(0)
                 reply({"child": child})
+            elif op == "secret":  # memory kvblocks never registered, holding `hex`: its address
+                secrets.append(ctypes.create_string_buffer(bytes.fromhex(cmd["hex"])))
+                reply({"addr": ctypes.addressof(secrets[-1])})
             elif op == "read":
                 reply({"hex": bytes(caches[cmd["cache"]].tensor(cmd["tensor"])).hex()})
             elif op == "heap":  # a buffer this process never registered: its address and bytes now

@@ -39,7 +39,7 @@ class Peer:
     """
 
     def __init__(self, cluster, listen="", transport="auto", tensors=4, blocks=8, block_bytes=64, wait_ms=1000,
-                 auth=None, prefix=(), role="MIX", argv=None, start_timeout=START_TIMEOUT_S):
+                 auth=None, prefix=(), role="MIX", argv=None, start_timeout=START_TIMEOUT_S, options=None):
         if argv is None:
             argv = [PEER, "--cluster", str(cluster), "--transport", transport, "--tensors", str(tensors),
                     "--blocks", str(blocks), "--block-bytes", str(block_bytes), "--wait-ms", str(wait_ms),
@@ -48,6 +48,8 @@ class Peer:
                 argv += ["--listen", listen]
             if auth is not None:
                 argv += ["--auth", auth]
+            for k, v in (options or {}).items():
+                argv += ["--option", f"{k}={v}"]
         cmd = list(prefix) + [sys.executable, *argv]
         env = dict(os.environ)
         # stderr goes to a file: nothing has to drain it, and it can be read while the peer runs.

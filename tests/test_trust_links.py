@@ -15,7 +15,7 @@ import pytest
 import kvblocks as kb
 from conftest import cluster, free_port
 from hostile import (AUTH, BIND, CHALLENGE, CONFIRM, CONFIRM_ACK, HDR, HELLO, HELLO_ACK, LINK_INFO, MAGIC, READ_REQ,
-                     READ_RESP, handshake, link_info, open_link, parse_link_info, recv_exact,
+                     READ_RESP, UCX_INFO, handshake, link_info, open_link, parse_link_info, recv_exact,
                      recv_frame, send_frame)
 from procs import Peer
 
@@ -57,8 +57,9 @@ class HostileListener:
     our own identity echoed back and caches announced at pointers of its choosing), serves data
     channels with error replies, and records every byte it receives."""
 
-    def __init__(self, make_info, cluster_id=77, challenge=None):
-        self.make_info, self.cluster_id, self.challenge = make_info, cluster_id, challenge
+    def __init__(self, make_info, cluster_id=77, challenge=None, ucx_info=None):
+        # ucx_info: after CONFIRM, read the opener's UCX_INFO and answer with this payload
+        self.make_info, self.cluster_id, self.challenge, self.ucx_info = make_info, cluster_id, challenge, ucx_info
         self.srv = socket.socket()
         self.srv.bind(("127.0.0.1", 0))
         self.srv.listen(16)
@@ -95,6 +96,9 @@ class HostileListener:
                 self.ours = parse_link_info(payload)
                 send_frame(s, LINK_INFO, self.make_info(self.ours, payload))
                 self._recv(s)  # CONFIRM
+                if self.ucx_info is not None:
+                    self._recv(s)  # the opener's UCX_INFO
+                    send_frame(s, UCX_INFO, self.ucx_info)
                 send_frame(s, CONFIRM_ACK)
             else:
                 self._recv(s)  # BIND

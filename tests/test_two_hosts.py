@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Two "hosts": a Prompt and a Decoder in separate network namespaces joined by a veth pair.
 Different network namespaces mean different hosts to kvblocks, so data goes over TCP, or over UCX
-when both sides have the ucx extra (auto picks it for other hosts; Transport=ucx forces it)."""
+when both sides have the ucx extra and kvblocks.UcxTrustedNetwork=1 (auto picks it for other hosts;
+Transport=ucx forces it)."""
 import os
 import shutil
 import subprocess
@@ -54,12 +55,18 @@ def two_hosts():
         _ip("netns", "del", ns_b)
 
 
-# (transport, UCX_TLS or "no-ucx-prompt": the prompt runs without UCX, so auto must keep tcp)
-CASES = [("auto", None), ("tcp", None), ("auto", "no-ucx-prompt")] + [("ucx", tls) for tls in UCX_TLS_SETS]
+# (transport, UCX_TLS or "no-ucx-prompt": the prompt runs without UCX, so auto must keep tcp, and
+# whether both set kvblocks.UcxTrustedNetwork=1: without it auto never uses UCX)
+CASES = ([("auto", None, False), ("auto", None, True), ("tcp", None, False), ("auto", "no-ucx-prompt", True)] +
+         [("ucx", tls, True) for tls in UCX_TLS_SETS])
+TRUSTED = {"kvblocks.UcxTrustedNetwork": "1"}
 
 
-@pytest.mark.parametrize("transport,tls", CASES, ids=[t if tls is None else f"{t}-{tls}" for t, tls in CASES])
-def test_pull_and_push_between_two_hosts(two_hosts, transport, tls, monkeypatch):
+IDS = [(t if tls is None else f"{t}-{tls}") + ("-trusted" if tr else "") for t, tls, tr in CASES]
+
+
+@pytest.mark.parametrize("transport,tls,trusted", CASES, ids=IDS)
+def test_pull_and_push_between_two_hosts(two_hosts, transport, tls, trusted, monkeypatch):
     ns_a, ns_b, subnet = two_hosts
     if (transport == "ucx" or tls == "no-ucx-prompt") and not ucx_available():
         pytest.skip("the ucx extra (kvblocks-ucx) is not installed")
@@ -67,14 +74,15 @@ def test_pull_and_push_between_two_hosts(two_hosts, transport, tls, monkeypatch)
         monkeypatch.setenv("KVBLOCKS_UCX_PLUGIN", "off")  # for the prompt only, undone below
     elif tls is not None:
         monkeypatch.setenv("UCX_TLS", tls)
-    expect = "ucx" if transport == "ucx" or (transport == "auto" and ucx_available()) else "tcp"
+    expect = "ucx" if transport == "ucx" or (transport == "auto" and trusted and ucx_available()) else "tcp"
+    options = TRUSTED if trusted else None
     prompt = Peer(1, listen=f"{subnet}.1:26555", tensors=TENSORS, blocks=BLOCKS, block_bytes=BB,
-                  prefix=("ip", "netns", "exec", ns_a), role="PROMPT", transport=transport)
+                  prefix=("ip", "netns", "exec", ns_a), role="PROMPT", transport=transport, options=options)
     if tls == "no-ucx-prompt":
         monkeypatch.delenv("KVBLOCKS_UCX_PLUGIN")
         expect = "tcp"
     decoder = Peer(2, tensors=TENSORS, blocks=BLOCKS, block_bytes=BB, prefix=("ip", "netns", "exec", ns_b),
-                   role="MIX", transport=transport)
+                   role="MIX", transport=transport, options=options)
     try:
         r = decoder.call(op="link", cluster=1, ip=f"{subnet}.1", port=26555)
         assert r == {"rets": [0], "path": expect}

@@ -21,19 +21,21 @@ from test_failures import _call_frozen_peer, _digest, _remote_digest, _start, re
 from ucx_env import needs_ucx, ucx_tls  # noqa: F401  (fixture)
 
 T, B, BB = 4, 8, 64
+# Every UCX test runs on loopback, a network trusted by construction (README, threat model).
+TRUSTED = {kb.OPTION_UCX_TRUSTED_NETWORK: "1"}
 
 
 def _engine(cid, transport="ucx", wait_ms=1000):
     me = kb.LlmDataDist(cid, kb.LlmRole.MIX)
     me.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_TRANSPORT: transport,
-                   kb.OPTION_SYNC_CACHE_WAIT_TIME: str(wait_ms)})
+                   kb.OPTION_SYNC_CACHE_WAIT_TIME: str(wait_ms), **TRUSTED})
     return me
 
 
 @pytest.fixture
 def linked(ucx_tls):
     port = free_port()
-    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", tensors=T, blocks=B, block_bytes=BB)
+    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", options=TRUSTED, tensors=T, blocks=B, block_bytes=BB)
     me = _engine(2)
     alloc = me.allocate_cache(kb.CacheDesc(T, kb.DataType.DT_UINT8, [B, BB]))
     arrays = [pattern(2, t, B, BB).copy() for t in range(T)]
@@ -135,7 +137,7 @@ WAIT_MS, MARGIN_S = 400, 0.1
 @pytest.fixture
 def frozen_setup(ucx_tls):
     port = free_port()
-    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", tensors=FT, blocks=FB, block_bytes=FBB,
+    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", options=TRUSTED, tensors=FT, blocks=FB, block_bytes=FBB,
                 wait_ms=WAIT_MS)
     me = _engine(2, wait_ms=WAIT_MS)
     cache = me.allocate_cache(kb.CacheDesc(FT, kb.DataType.DT_UINT8, [FB, FBB]))
@@ -232,7 +234,8 @@ def test_killed_peer_fails_fast_and_relinks_after_restart(frozen_setup, ucx_tls)
     with pytest.raises(kb.LinkError):
         me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, [0], [0])
     peer.close()
-    peer2 = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", tensors=FT, blocks=FB, block_bytes=FBB)
+    peer2 = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", options=TRUSTED, tensors=FT, blocks=FB,
+                 block_bytes=FBB)
     try:
         assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
         assert me.link_path(1) == "ucx"
@@ -245,7 +248,7 @@ def test_killed_peer_fails_fast_and_relinks_after_restart(frozen_setup, ucx_tls)
 
 def test_killed_idle_peer_fails_the_next_call_within_a_second(ucx_tls):
     port = free_port()
-    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", tensors=T, blocks=B, block_bytes=BB)
+    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", options=TRUSTED, tensors=T, blocks=B, block_bytes=BB)
     me = _engine(2, wait_ms=5000)
     try:
         cache = me.allocate_cache(kb.CacheDesc(T, kb.DataType.DT_UINT8, [B, BB]))
@@ -269,7 +272,7 @@ def test_shared_memory_only_tls_fails_the_link_clearly(monkeypatch):
     monkeypatch.setenv("UCX_TLS", "sm")
     monkeypatch.setenv("UCX_WARN_UNUSED_ENV_VARS", "n")
     port = free_port()
-    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", tensors=T, blocks=B, block_bytes=BB)
+    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", options=TRUSTED, tensors=T, blocks=B, block_bytes=BB)
     me = _engine(2)
     try:
         me.allocate_cache(kb.CacheDesc(T, kb.DataType.DT_UINT8, [B, BB]))
@@ -297,11 +300,31 @@ def test_import_does_not_load_ucx():
     assert r.stdout.strip() == "False"
 
 
+@pytest.mark.parametrize("value", [None, "0"])
+def test_transport_ucx_needs_the_trusted_network_opt_in(value):
+    """Contract: UCX lets whoever reaches the worker read and write the whole process, so
+    Transport=ucx refuses to initialize unless kvblocks.UcxTrustedNetwork=1 says the network is
+    trusted; the error names the option. (With or without the extra: nothing of UCX is loaded.)"""
+    opts = {kb.OPTION_DEVICE_ID: "0", kb.OPTION_TRANSPORT: "ucx"}
+    if value is not None:
+        opts[kb.OPTION_UCX_TRUSTED_NETWORK] = value
+    me = kb.LlmDataDist(1, kb.LlmRole.MIX)
+    with pytest.raises(kb.ParamInvalidError, match="kvblocks.UcxTrustedNetwork=1"):
+        me.initialize(opts)
+
+
+def test_trusted_network_option_is_0_or_1():
+    me = kb.LlmDataDist(1, kb.LlmRole.MIX)
+    with pytest.raises(kb.ParamInvalidError, match="use 0 or 1"):
+        me.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_UCX_TRUSTED_NETWORK: "yes"})
+
+
 def test_transport_ucx_without_the_plugin_names_why():
     r = _run("import kvblocks as kb\n"
              "d = kb.LlmDataDist(1, kb.LlmRole.MIX)\n"
              "try:\n"
-             "    d.initialize({kb.OPTION_DEVICE_ID: '0', kb.OPTION_TRANSPORT: 'ucx'})\n"
+             "    d.initialize({kb.OPTION_DEVICE_ID: '0', kb.OPTION_TRANSPORT: 'ucx',\n"
+             "               kb.OPTION_UCX_TRUSTED_NETWORK: '1'})\n"
              "except kb.LLMException as e:\n"
              "    print('ERR', e)\n", KVBLOCKS_UCX_PLUGIN="/nonexistent/libkvblocks_ucx.so", KVBLOCKS_LOG_LEVEL="2")
     assert r.returncode == 0, r.stderr
@@ -313,7 +336,8 @@ def test_transport_ucx_without_the_plugin_names_why():
 def test_loading_ucx_is_one_log_line(ucx_tls):
     r = _run("import kvblocks as kb\n"
              "d = kb.LlmDataDist(1, kb.LlmRole.MIX)\n"
-             "d.initialize({kb.OPTION_DEVICE_ID: '0', kb.OPTION_TRANSPORT: 'ucx'})\n"
+             "d.initialize({kb.OPTION_DEVICE_ID: '0', kb.OPTION_TRANSPORT: 'ucx',\n"
+             "               kb.OPTION_UCX_TRUSTED_NETWORK: '1'})\n"
              "print(any('libucp' in l for l in open('/proc/self/maps')))\n"
              "d.finalize()", KVBLOCKS_LOG_LEVEL="2")
     assert r.returncode == 0, r.stderr
@@ -323,49 +347,57 @@ def test_loading_ucx_is_one_log_line(ucx_tls):
 
 
 # ------------------------------------------------------------------ hostile peers
-CAP_UCX = 16
-
-
-def _ucx_entry(cid, addrs, worker, rkeys, key_of, tensor_bytes=4096):
-    """A cache-table entry with an address descriptor and a UCX descriptor of the caller's making."""
+def _entry(cid, addrs, tensor_bytes=4096):
+    """A cache-table entry with an address descriptor (UCX descriptors never go in the table)."""
     import struct
-    n = len(addrs)
     adesc = b"".join(struct.pack("<Q", a) for a in addrs)
-    body = struct.pack("<I", len(worker)) + worker + struct.pack("<I", len(rkeys))
-    body += b"".join(struct.pack("<I", len(k)) + k for k in rkeys) + b"".join(struct.pack("<I", k) for k in key_of)
-    return (struct.pack("<qBqIQQQQH", cid, 1, -1, n, tensor_bytes, 8, 1, tensor_bytes // 8, 2) +
-            struct.pack("<BI", 2, len(adesc)) + adesc + struct.pack("<BI", 4, len(body)) + body)
+    return (struct.pack("<qBqIQQQQH", cid, 1, -1, len(addrs), tensor_bytes, 8, 1, tensor_bytes // 8, 1) +
+            struct.pack("<BI", 2, len(adesc)) + adesc)
 
 
-def _hostile(entry):
+def _ucx_info(worker, caches):
+    """A UCX_INFO payload of the caller's making: worker address, then (cache id, rkeys, key_of)."""
     import struct
-    from hostile import link_info
+    out = struct.pack("<I", len(worker)) + worker + struct.pack("<I", len(caches))
+    for cid, rkeys, key_of in caches:
+        out += struct.pack("<qI", cid, len(rkeys)) + b"".join(struct.pack("<I", len(k)) + k for k in rkeys)
+        out += struct.pack("<I", len(key_of)) + b"".join(struct.pack("<I", k) for k in key_of)
+    return out
+
+
+def _hostile(entry, ucx_info, caps=None):
+    import struct
+    from hostile import CAP_UCX, link_info
     from test_trust_links import HostileListener
 
     def make(ours, payload):
-        return link_info(77, caps=1 | CAP_UCX, table=struct.pack("<I", 1) + entry)
-    return HostileListener(make)
+        return link_info(77, caps=1 | CAP_UCX if caps is None else caps, table=struct.pack("<I", 1) + entry)
+    return HostileListener(make, ucx_info=ucx_info)
 
 
 SECRET = np.frombuffer(b"TOP-SECRET-BYTES" * 256, dtype=np.uint8).copy()
 JUNK = bytes(range(256)) * 2
 
 
+@needs_ucx
 @pytest.mark.parametrize("what", ["rkey index out of range", "no rkeys", "rkey of zero bytes",
-                                  "too few tensor keys", "worker address past the end"])
-def test_malformed_ucx_descriptor_refuses_the_link(what):
-    """Contract: a table whose UCX descriptor is inconsistent is refused whole, before any endpoint,
-    with or without UCX here (the table decoder is the runtime's own)."""
+                                  "too few tensor keys", "worker address past the end", "unknown cache",
+                                  "keys without a worker"])
+def test_malformed_ucx_info_refuses_the_link(what):
+    """Contract: a UCX_INFO that is inconsistent (in itself or with the peer's table) is refused
+    whole, before any endpoint."""
     addrs = [SECRET.ctypes.data, SECRET.ctypes.data + 8]
-    entry = {
-        "rkey index out of range": lambda: _ucx_entry(5, addrs, JUNK, [JUNK], [0, 1]),
-        "no rkeys": lambda: _ucx_entry(5, addrs, JUNK, [], [0, 0]),
-        "rkey of zero bytes": lambda: _ucx_entry(5, addrs, JUNK, [b""], [0, 0]),
-        "too few tensor keys": lambda: _ucx_entry(5, addrs, JUNK, [JUNK], [0]),
-        "worker address past the end": lambda: _ucx_entry(5, addrs, JUNK, [JUNK], [0, 0])[:-20],
+    info = {
+        "rkey index out of range": lambda: _ucx_info(JUNK, [(5, [JUNK], [0, 1])]),
+        "no rkeys": lambda: _ucx_info(JUNK, [(5, [], [0, 0])]),
+        "rkey of zero bytes": lambda: _ucx_info(JUNK, [(5, [b""], [0, 0])]),
+        "too few tensor keys": lambda: _ucx_info(JUNK, [(5, [JUNK], [0])]),
+        "worker address past the end": lambda: _ucx_info(JUNK, [(5, [JUNK], [0, 0])])[:-20],
+        "unknown cache": lambda: _ucx_info(JUNK, [(6, [JUNK], [0, 0])]),
+        "keys without a worker": lambda: _ucx_info(b"", [(5, [JUNK], [0, 0])]),
     }[what]()
-    h = _hostile(entry)
-    me = _engine(1, transport="tcp")
+    h = _hostile(_entry(5, addrs), info)
+    me = _engine(1, transport="ucx")
     try:
         assert me.link_llm_clusters([cluster(77, h.port)]) == [kb.Status.LLM_LINK_FAILED]
     finally:
@@ -380,7 +412,7 @@ def test_garbage_worker_address_and_rkeys_never_crash(transport, worker, ucx_tls
     """A peer that announces garbage as its UCP worker address and rkeys: the link fails (ucx) or
     stays on TCP (auto), and no byte of ours goes anywhere. (UCX itself aborts on an address of
     another format version, 0x04 here: kvblocks checks that before UCX sees it.)"""
-    h = _hostile(_ucx_entry(5, [0x10, 0x20], worker, [JUNK], [0, 0]))
+    h = _hostile(_entry(5, [0x10, 0x20]), _ucx_info(worker, [(5, [JUNK], [0, 0])]))
     me = _engine(1, transport=transport)
     try:
         dst = me.allocate_cache(kb.CacheDesc(1, kb.DataType.DT_UINT8, [8, 512]))
@@ -395,6 +427,79 @@ def test_garbage_worker_address_and_rkeys_never_crash(transport, worker, ucx_tls
     finally:
         me.finalize()
         h.close()
+
+
+def _descriptor_kinds(table):
+    """The descriptor kinds of every entry of an encoded cache table (docs/protocol.md)."""
+    import struct
+    count, = struct.unpack_from("<I", table, 0)
+    off, kinds = 4, []
+    for _ in range(count):
+        ndesc, = struct.unpack_from("<H", table, off + 53)
+        off += 55
+        for _ in range(ndesc):
+            kind, length = struct.unpack_from("<BI", table, off)
+            kinds.append(kind)
+            off += 5 + length
+    return kinds
+
+
+@needs_ucx
+@pytest.mark.parametrize("peer_caps", ["tcp", "ucx"])
+def test_ucx_descriptors_go_only_to_ucx_peers_after_confirm(peer_caps):
+    """Contract: our worker address and rkeys go in no LINK_INFO (whoever completes authentication
+    reads that), only in UCX_INFO after CONFIRM, to a peer that offered UCX."""
+    from hostile import CAP_UCX, CONFIRM, LINK_INFO, UCX_INFO, parse_link_info
+    ucx = peer_caps == "ucx"
+    h = _hostile(_entry(5, [0x10, 0x20]), _ucx_info(b"", []) if ucx else None, caps=1 | (CAP_UCX if ucx else 0))
+    me = _engine(1, transport="auto")
+    try:
+        c = me.allocate_cache(kb.CacheDesc(T, kb.DataType.DT_UINT8, [B, BB]))
+        me.link_llm_clusters([cluster(77, h.port)])
+        types = [t for t, _ in h.received]
+        info = next(p for t, p in h.received if t == LINK_INFO)
+        assert 4 not in _descriptor_kinds(parse_link_info(info)["table"])
+        if not ucx:
+            assert UCX_INFO not in types
+        else:
+            assert types.index(UCX_INFO) > types.index(CONFIRM)
+            import struct
+            payload = next(p for t, p in h.received if t == UCX_INFO)
+            wlen, = struct.unpack_from("<I", payload, 0)
+            count, cid = struct.unpack_from("<Iq", payload, 4 + wlen)
+            assert wlen > 0 and (count, cid) == (1, c.cache_id)  # our worker and the cache's rkeys
+    finally:
+        me.finalize()
+        h.close()
+
+
+@needs_ucx
+@pytest.mark.parametrize("peer_caps", ["tcp", "ucx"])
+def test_ucx_descriptors_as_acceptor(peer_caps):
+    """The same as acceptor: an opener that completes authentication reads our LINK_INFO, which holds
+    no UCX descriptor; only an opener that offered UCX gets UCX_INFO, after its CONFIRM."""
+    import struct
+    from hostile import CAP_UCX, CONFIRM, CONFIRM_ACK, UCX_INFO, handshake, link_info, parse_link_info, recv_frame, \
+        send_frame
+    port = free_port()
+    me = kb.LlmDataDist(1, kb.LlmRole.MIX)
+    me.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_LISTEN_IP_INFO: f"127.0.0.1:{port}", **TRUSTED})
+    try:
+        c = me.allocate_cache(kb.CacheDesc(T, kb.DataType.DT_UINT8, [B, BB]))
+        caps = 1 | (CAP_UCX if peer_caps == "ucx" else 0)
+        s, status, payload = handshake(port, 1, 78, info=link_info(78, caps=caps))
+        assert status == 0 and 4 not in _descriptor_kinds(parse_link_info(payload)["table"])
+        send_frame(s, CONFIRM, struct.pack("<qB", 0, 0))
+        if peer_caps == "ucx":
+            send_frame(s, UCX_INFO, _ucx_info(b"", []))
+            t, _, info = recv_frame(s)
+            wlen, = struct.unpack_from("<I", info, 0)
+            assert t == UCX_INFO and wlen > 0 and struct.unpack_from("<Iq", info, 4 + wlen) == (1, c.cache_id)
+        t, status, _ = recv_frame(s)
+        assert (t, status) == (CONFIRM_ACK, 0)
+        s.close()
+    finally:
+        me.finalize()
 
 
 @needs_ucx

@@ -81,6 +81,13 @@ def _ucx_env(transport):
 
 
 # ----------------------------------------------------------------------------- peer process
+def _trusted(transport):
+    """The bench runs on loopback, which only this host reaches: UCX's opt-in (README, threat model)."""
+    import kvblocks as kb
+
+    return {kb.OPTION_UCX_TRUSTED_NETWORK: "1"} if transport == "ucx" else {}
+
+
 def _listening_datadist(cluster_id, transport):
     import kvblocks as kb
 
@@ -89,7 +96,8 @@ def _listening_datadist(cluster_id, transport):
         port = free_port()
         try:
             dd.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_LISTEN_IP_INFO: f"127.0.0.1:{port}",
-                           kb.OPTION_TRANSPORT: transport, kb.OPTION_SYNC_CACHE_WAIT_TIME: "60000"})
+                           kb.OPTION_TRANSPORT: transport, kb.OPTION_SYNC_CACHE_WAIT_TIME: "60000",
+                           **_trusted(transport)})
             return dd, port
         except Exception:  # port raced away: try another
             continue
@@ -299,7 +307,7 @@ class Harness:
                 peer = Peer(self.ctx, 2000 + next(self._next_id), transport)
                 dd = kb.LlmDataDist(1000 + next(self._next_id), kb.LlmRole.MIX)
                 dd.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_TRANSPORT: transport,
-                               kb.OPTION_SYNC_CACHE_WAIT_TIME: "60000"})
+                               kb.OPTION_SYNC_CACHE_WAIT_TIME: "60000", **_trusted(transport)})
             self.peers[transport] = peer
             self.locals[transport] = dd
             self.relink(transport, first=True)

@@ -2,6 +2,8 @@
 // libkvblocks_ucx.so: the UCP side of kvblocks' UCX transport (see transport/ucx_abi.h). One UCP
 // context and worker per engine, in multi-thread mode: a progress thread serves the peer's
 // emulated operations and wire-up, and callers progress the worker themselves while they wait.
+// Those emulated operations read and write any address a peer names (UCX checks none against a
+// registration): the runtime makes a context only on a network the user declared trusted.
 #include <poll.h>
 #include <sched.h>
 #include <time.h>
@@ -191,12 +193,21 @@ void Default(ucp_config_t *cfg, const char *name, const char *value) {
   if (getenv(env) == nullptr) ucp_config_modify(cfg, name, value);
 }
 
-kvb_ucx_ctx *Create(char *err, size_t errlen) {
+kvb_ucx_ctx *Create(const char *net_devices, char *err, size_t errlen) {
   auto *c = new kvb_ucx_ctx;
   ucp_config_t *cfg = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
   if (st != UCS_OK) {
     Say(err, errlen, "ucp_config_read", st);
+    delete c;
+    return nullptr;
+  }
+  // The worker listens on these interfaces only: whoever reaches it reaches all of this process's
+  // memory through UCX's software RMA (README, threat model), so UCX_NET_DEVICES cannot widen it.
+  st = ucp_config_modify(cfg, "NET_DEVICES", net_devices);
+  if (st != UCS_OK) {
+    Say(err, errlen, "UCX_NET_DEVICES", st);
+    ucp_config_release(cfg);
     delete c;
     return nullptr;
   }

@@ -20,7 +20,6 @@ bool Consistent(const TableEntry &c) {
   if (__builtin_mul_overflow(c.batch_size, c.stride, &span) || span > c.tensor_bytes) return false;
   if (!c.addrs.empty() && c.addrs.size() != c.num_tensors) return false;
   if (c.batch_keys.size() > c.batch_size) return false;
-  if (!c.ucx_key_of.empty() && (c.addrs.empty() || c.ucx_key_of.size() != c.num_tensors)) return false;
   if (!c.has_memfd) return true;
   // The memfd descriptor drives one-sided copies into mapped memory: every tensor must fit.
   uint64_t last, end;
@@ -28,41 +27,6 @@ bool Consistent(const TableEntry &c) {
   return m.fd >= 0 && m.pitch >= c.tensor_bytes &&
          !__builtin_mul_overflow(m.pitch, uint64_t{c.num_tensors - 1}, &last) &&
          !__builtin_add_overflow(last, c.tensor_bytes, &end) && end <= m.region_size;
-}
-
-// worker address, rkeys, then the rkey index of every tensor; each length-prefixed (u32).
-constexpr uint32_t kMaxUcxBlob = 1U << 16;
-
-bool GetBlob(Reader *r, std::string *out) {
-  const uint32_t len = r->Get<uint32_t>();
-  if (!r->ok || len == 0 || len > kMaxUcxBlob || len > r->left()) return false;
-  out->resize(len);
-  return r->GetBytes(&(*out)[0], len);
-}
-
-bool GetUcx(Reader *body, TableEntry *c) {
-  if (!GetBlob(body, &c->ucx_worker)) return false;
-  const uint32_t nkeys = body->Get<uint32_t>();
-  if (!body->ok || nkeys == 0 || nkeys > c->num_tensors) return false;
-  c->ucx_rkeys.resize(nkeys);
-  for (std::string &k : c->ucx_rkeys)
-    if (!GetBlob(body, &k)) return false;
-  if (body->left() != 4ULL * c->num_tensors) return false;
-  c->ucx_key_of.resize(c->num_tensors);
-  for (uint32_t &k : c->ucx_key_of)
-    if ((k = body->Get<uint32_t>()) >= nkeys) return false;
-  return body->done();
-}
-
-void PutUcx(const TableEntry &c, Writer *b) {
-  b->Put<uint32_t>(static_cast<uint32_t>(c.ucx_worker.size()));
-  b->PutBytes(c.ucx_worker.data(), c.ucx_worker.size());
-  b->Put<uint32_t>(static_cast<uint32_t>(c.ucx_rkeys.size()));
-  for (const std::string &k : c.ucx_rkeys) {
-    b->Put<uint32_t>(static_cast<uint32_t>(k.size()));
-    b->PutBytes(k.data(), k.size());
-  }
-  for (uint32_t k : c.ucx_key_of) b->Put<uint32_t>(k);
 }
 
 bool GetDescriptor(Reader *r, TableEntry *c) {
@@ -86,10 +50,8 @@ bool GetDescriptor(Reader *r, TableEntry *c) {
     if (len % 8 != 0 || len / 8 > kMaxTableTensors) return false;
     c->batch_keys.resize(len / 8);
     for (int64_t &k : c->batch_keys) k = body.Get<int64_t>();
-  } else if (kind == kDescUcx) {
-    return GetUcx(&body, c);
   } else {
-    return true;  // a transport we do not know: skip it
+    return true;  // a transport we do not know (or kind 4, retired: UCX goes in UCX_INFO): skip it
   }
   return body.done();
 }
@@ -114,9 +76,8 @@ void EncodeTable(const std::vector<TableEntry> &caches, Writer *w) {
     w->Put<uint64_t>(c.num_blocks);
     w->Put<uint64_t>(c.batch_size);
     w->Put<uint64_t>(c.stride);
-    const bool ucx = !c.ucx_key_of.empty();
     w->Put<uint16_t>(static_cast<uint16_t>(c.has_memfd) + static_cast<uint16_t>(!c.addrs.empty()) +
-                     static_cast<uint16_t>(!c.batch_keys.empty()) + static_cast<uint16_t>(ucx));
+                     static_cast<uint16_t>(!c.batch_keys.empty()));
     if (c.has_memfd) {
       Writer b;
       b.Put<int32_t>(c.memfd.fd);
@@ -135,11 +96,6 @@ void EncodeTable(const std::vector<TableEntry> &caches, Writer *w) {
       Writer b;
       for (int64_t k : c.batch_keys) b.Put<int64_t>(k);
       PutDescriptor(w, kDescBatchKeys, b);
-    }
-    if (ucx) {
-      Writer b;
-      PutUcx(c, &b);
-      PutDescriptor(w, kDescUcx, b);
     }
   }
 }

@@ -19,7 +19,8 @@ enum DescriptorKind : uint8_t {
   kDescMemfd = 1,  // a runtime-owned memfd a same-host peer may map
   kDescAddrs = 2,  // tensor addresses in the owner's address space (CMA, in-process)
   kDescBatchKeys = 3,  // the key bound to each batch index (CANN's cache_keys[i]; -1: none)
-  kDescUcx = 4,    // UCP worker address and packed rkeys (transport/ucx_path.cc)
+  // 4: retired (UCX worker address and rkeys, shown to every linked peer); now in UCX_INFO, after
+  // CONFIRM, to UCX peers only (wire/messages.h). Skipped as unknown.
 };
 
 struct MemfdDesc {
@@ -38,8 +39,8 @@ struct TableEntry {
   MemfdDesc memfd;
   std::vector<uint64_t> addrs;  // empty when not announced
   std::vector<int64_t> batch_keys;  // batch_keys[i] is bound to batch index i; empty when none
-  // kDescUcx: the owner's UCP worker address, its packed rkeys, and the rkey of each tensor
-  // (ucx_key_of is empty when not announced; it needs addrs).
+  // Never in the table: the owner's UCP worker address, its packed rkeys and the rkey of each tensor,
+  // learned from UCX_INFO (ucx_key_of is empty when not announced; it needs addrs).
   std::string ucx_worker;
   std::vector<std::string> ucx_rkeys;
   std::vector<uint32_t> ucx_key_of;

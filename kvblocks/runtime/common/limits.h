@@ -47,6 +47,7 @@ constexpr uint32_t kMaxLinkCaches = 16384;
 constexpr uint64_t kTableEntryBytes = 768;  // measured: ~760 bytes of RSS an entry
 constexpr uint64_t kMaxLinkTableBytes = 32ULL << 20;
 constexpr uint32_t kMaxTableTensors = 1U << 20;
+constexpr uint32_t kMaxUcxBlob = 1U << 16;  // a UCP worker address or packed rkey in UCX_INFO
 
 // ---- links and handshakes
 constexpr int64_t kHandshakeNs = 10 * kSecNs;  // bound on an authenticated peer that stalls mid-handshake

@@ -232,9 +232,10 @@ class Impl {
   void AnswerCacheQuery(struct Link *link, const std::string &payload);
   void OnCacheInfo(struct Link *link, const std::string &payload);
   // links.cc: the UCX transport (transport/ucx_path.h)
-  std::shared_ptr<UcxContext> Ucx(std::string *why);  // this engine's worker, made on first need
-  void AnnounceUcx(struct LinkInfo *info);
-  Status AttachUcx(struct Link *link);  // after ChoosePaths
+  std::shared_ptr<UcxContext> Ucx(int fd, std::string *why);  // this engine's worker, made on first need
+  Status SendUcxInfo(int fd, const std::vector<TableEntry> &shown, bool refuse, int64_t deadline);
+  bool RecvUcxInfo(int fd, struct Link *link, int64_t deadline, bool *announced, Status *st);
+  Status AttachUcx(struct Link *link, int fd);  // after ChoosePaths; `fd`: the control connection
 
  public:
   const uint64_t cluster_id_;
@@ -249,6 +250,7 @@ class Impl {
   int64_t wait_time_ms_ = kDefaultWaitMs;
   std::string transport_ = "auto";
   std::string auth_token_;
+  bool ucx_trusted_ = false;  // kvblocks.UcxTrustedNetwork=1: UCX may be offered (README, threat model)
   bool role_check_ = false;  // kvblocks.RoleCheck: "0" (default, CANN V2) or "1" (V1 roles)
   bool local_comm_res_ = false;  // CANN: with llm.LocalCommRes a cluster needs no local_ip_infos
   size_t max_links_ = kDefaultMaxLinks;                 // kvblocks.MaxLinks

@@ -115,12 +115,21 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
     if (v != "0" && v != "1") return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use 0 or 1", OPTION_ROLE_CHECK, v.c_str());
     role_check = v == "1";
   }
-
+  bool ucx_trusted = false;  // UCX's RMA serves any address to anyone reaching the worker (README)
+  if (get(OPTION_UCX_TRUSTED_NETWORK, &v)) {
+    if (v != "0" && v != "1")
+      return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use 0 or 1", OPTION_UCX_TRUSTED_NETWORK, v.c_str());
+    ucx_trusted = v == "1";
+  }
   if (transport == "ucx") {
+    // The worker itself starts with the first UCX link, bound to that link's interface.
     std::string why;
-    std::lock_guard<std::mutex> g(ucx_mu_);
-    if (!ucx_) ucx_ = MakeUcxContext(&why);
-    if (!ucx_) return Fail(LLM_PARAM_INVALID, "option %s=ucx: %s", OPTION_TRANSPORT, why.c_str());
+    if (!ucx_trusted)
+      return Fail(LLM_PARAM_INVALID,
+                  "option %s=ucx needs %s=1: UCX's software RMA lets any host that reaches the worker read and "
+                  "write this whole process; use it only on a network you trust",
+                  OPTION_TRANSPORT, OPTION_UCX_TRUSTED_NETWORK);
+    if (!UcxAvailable(&why)) return Fail(LLM_PARAM_INVALID, "option %s=ucx: %s", OPTION_TRANSPORT, why.c_str());
   }
   stopping_.store(false);
   local_comm_res_ = options.count(AscendString(OPTION_LOCAL_COMM_RES)) != 0;
@@ -130,6 +139,7 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   role_check_ = role_check;
   max_links_ = max_links;
   max_links_per_peer_ = per_peer;
+  ucx_trusted_ = ucx_trusted;
   if (listen) {
     const Status st = StartListening(listen_ip, listen_port);
     if (st != LLM_SUCCESS) return st;

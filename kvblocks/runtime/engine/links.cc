@@ -83,35 +83,67 @@ bool RecvTyped(int fd, uint16_t type, int64_t deadline, FrameHeader *h, std::str
 }  // namespace
 
 void Impl::FillLinkInfo(LinkInfo *info) {
-  info->capabilities = OfferedCapabilities(transport_);
+  info->capabilities = OfferedCapabilities(transport_, ucx_trusted_);
   FillIdentity(instance_token_, &probe_value_, &info->identity);
   info->clock_ns = NowNs();
-  info->caches = caches_.Describe();
-  if (info->capabilities & kCapUcx) AnnounceUcx(info);
+  info->caches = caches_.Describe();  // never with UCX descriptors: those go in UCX_INFO (SendUcxInfo)
   RandomBytes(info->local_key, sizeof(info->local_key));
 }
 
-std::shared_ptr<UcxContext> Impl::Ucx(std::string *why) {
+// The worker starts with the first UCX link, on the interface of that link's control connection
+// (an acceptor's: its listen address); it stays there for later links.
+std::shared_ptr<UcxContext> Impl::Ucx(int fd, std::string *why) {
   std::lock_guard<std::mutex> g(ucx_mu_);
-  if (!ucx_ && initialized()) ucx_ = MakeUcxContext(why);
+  if (ucx_ || !initialized()) return ucx_;
+  const std::string devices = UcxDevicesOf(fd, why);
+  if (!devices.empty()) ucx_ = MakeUcxContext(devices, why);
   return ucx_;
 }
 
-// Our caches' worker address and rkeys, for a peer that offers UCX too (sent after authentication).
-void Impl::AnnounceUcx(LinkInfo *info) {
+// Our worker address and the rkeys of `shown` (our link-time table), for a peer that offered UCX and
+// sent CONFIRM. Empty when `refuse` or when no worker could be made.
+Status Impl::SendUcxInfo(int fd, const std::vector<TableEntry> &shown, bool refuse, int64_t deadline) {
+  UcxInfo info;
   std::string why;
-  auto ctx = Ucx(&why);
-  if (!ctx) return;
-  for (TableEntry &t : info->caches)
-    if (auto e = caches_.Find(t.id)) UcxAnnounce(ctx, e.get(), &t);
+  auto ctx = refuse ? nullptr : Ucx(fd, &why);
+  for (TableEntry t : shown) {
+    auto e = ctx ? caches_.Find(t.id) : nullptr;
+    if (e) UcxAnnounce(ctx, e.get(), &t);
+    if (t.ucx_key_of.empty()) continue;
+    info.worker = t.ucx_worker;
+    info.caches.push_back(UcxCacheKeys{t.id, std::move(t.ucx_rkeys), std::move(t.ucx_key_of)});
+  }
+  std::string out;
+  Encode(info, &out);
+  const IoResult ir = SendFrame(fd, kUcxInfo, LLM_SUCCESS, out, deadline);
+  return ir == IoResult::kOk ? LLM_SUCCESS : StatusOf(ir);
+}
+
+// The peer's UCX_INFO into the link's caches. False when it did not come, or is malformed or does
+// not match the peer's table (*st says which).
+bool Impl::RecvUcxInfo(int fd, struct Link *link, int64_t deadline, bool *announced, Status *st) {
+  FrameHeader h;
+  std::string payload;
+  UcxInfo info;
+  if (!RecvTyped(fd, kUcxInfo, deadline, &h, &payload)) {
+    *st = NowNs() >= deadline ? LLM_TIMEOUT : LLM_LINK_FAILED;
+    return false;
+  }
+  if (!Decode(payload, &info) || !UcxTake(info, link)) {
+    *st = Fail(LLM_LINK_FAILED, "cluster %llu sent a malformed UCX_INFO",
+               static_cast<unsigned long long>(link->remote_cluster_id));
+    return false;
+  }
+  *announced = !info.worker.empty();
+  return true;
 }
 
 // kvblocks.Transport=ucx: every cache the peer announced over UCX; auto: peers on other hosts.
-Status Impl::AttachUcx(struct Link *link) {
+Status Impl::AttachUcx(struct Link *link, int fd) {
   const bool force = transport_ == "ucx";
   if (!force && ((link->capabilities & kCapUcx) == 0 || link->same_host)) return LLM_SUCCESS;
   std::string why;
-  auto ctx = Ucx(&why);
+  auto ctx = Ucx(fd, &why);
   if (UcxAttach(ctx, link, force, &why) || !force) return LLM_SUCCESS;
   LogWarn("kvblocks.Transport=ucx, but cluster %llu cannot be reached over UCX: %s",
           static_cast<unsigned long long>(link->remote_cluster_id), why.c_str());
@@ -139,7 +171,7 @@ std::shared_ptr<struct Link> Impl::NewLink(uint64_t remote_cluster_id, LinkInfo 
   auto link = std::make_shared<struct Link>();
   link->remote_cluster_id = remote_cluster_id;
   link->peer = info->identity;
-  link->capabilities = info->capabilities & OfferedCapabilities(transport_);
+  link->capabilities = info->capabilities & OfferedCapabilities(transport_, ucx_trusted_);
   for (TableEntry &e : info->caches) link->caches.emplace(e.id, RemoteCache(std::move(e)));
   std::vector<TableEntry>().swap(info->caches);
   return link;
@@ -430,7 +462,13 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
     local_fd = -1;
   }
   ChoosePaths(link.get());
-  if ((st = AttachUcx(link.get())) != LLM_SUCCESS) return fail(st);
+  // UCX descriptors only now, after CONFIRM, and only between two sides that offered UCX.
+  bool ucx_announced = false;
+  if ((link->capabilities & kCapUcx) != 0) {
+    if ((st = SendUcxInfo(fd, mine.info.caches, false, deadline)) != LLM_SUCCESS) return fail(st);
+    if (!RecvUcxInfo(fd, link.get(), deadline, &ucx_announced, &st)) return fail(st);
+  }
+  if (ucx_announced && (st = AttachUcx(link.get(), fd)) != LLM_SUCCESS) return fail(st);
   if (transport_ == "shm" && !link->same_host) {
     LogWarn("kvblocks.Transport=shm, but cluster %llu is not a verified same-host peer", want);
     return fail(Fail(LLM_LINK_FAILED, "kvblocks.Transport=shm, but cluster %llu is on another host", want));
@@ -442,6 +480,8 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
     *crossing = (h.flags & kFlagCrossing) != 0;
     return fail(Fail(h.status, "cluster %llu did not confirm the link (status %u)", want, h.status));
   }
+  // A peer that sent no UCX descriptors (Transport=ucx fails here unless it has no caches).
+  if (!ucx_announced && (st = AttachUcx(link.get(), fd)) != LLM_SUCCESS) return fail(st);
 
   ForgetLoose(fd);
   link->ctrl_fd = fd;
@@ -698,7 +738,21 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
   if (lfd >= 0) close(lfd);
   lfd = -1;
   ChoosePaths(link.get());
-  Status st = transport_ == "shm" && !link->same_host ? LLM_LINK_FAILED : AttachUcx(link.get());
+  Status st = transport_ == "shm" && !link->same_host ? LLM_LINK_FAILED : LLM_SUCCESS;
+  bool ucx_ok = true;
+  if (st == LLM_SUCCESS && (link->capabilities & kCapUcx) != 0) {
+    // The opener's UCX_INFO first; ours only to an opener whose own was sound and whose link we are
+    // not about to refuse (a refusal below finds the same live or crossing link).
+    bool announced = false, refuse = !RecvUcxInfo(fd, link.get(), deadline, &announced, &st);
+    if (st == LLM_TIMEOUT) return drop();
+    {
+      std::lock_guard<std::mutex> g(link_state_mu_);
+      refuse = refuse || links_.FindAlive(peer) || CrossingLoses(peer);
+    }
+    if (SendUcxInfo(fd, mine.info.caches, refuse, deadline) != LLM_SUCCESS) return drop();
+    ucx_ok = !refuse;
+  }
+  if (st == LLM_SUCCESS && ucx_ok) st = AttachUcx(link.get(), fd);
   uint16_t flags = 0;
   if (st == LLM_SUCCESS) {
     std::lock_guard<std::mutex> g(link_state_mu_);

@@ -176,11 +176,12 @@ bool PeerAlive(const Link *link, bool pidfd) {
   return !ProcessExited(link->local.pidfd);
 }
 
-uint64_t OfferedCapabilities(const std::string &transport) {
+uint64_t OfferedCapabilities(const std::string &transport, bool ucx_trusted) {
   if (transport == "tcp") return kCapTcp | kCapCacheQuery | kCapKeyQuery;
-  if (transport == "ucx") return kCapTcp | kCapUcx | kCapCacheQuery | kCapKeyQuery;
-  // auto offers UCX (for peers on other hosts) when the plugin loads; loading it is its first use.
-  const uint64_t ucx = transport == "auto" && UcxAvailable() ? uint64_t{kCapUcx} : 0;
+  if (transport == "ucx") return kCapTcp | kCapUcx | kCapCacheQuery | kCapKeyQuery;  // only when trusted
+  // auto offers UCX (for peers on other hosts) only on a trusted network and when the plugin loads;
+  // loading it is its first use.
+  const uint64_t ucx = transport == "auto" && ucx_trusted && UcxAvailable() ? uint64_t{kCapUcx} : 0;
   return kCapTcp | kCapSharedMemory | kCapCma | kCapInProcess | ucx | kCapCacheQuery | kCapKeyQuery;
 }
 

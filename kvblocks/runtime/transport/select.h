@@ -13,8 +13,9 @@ namespace kvblocks {
 
 struct Link;
 
-// Capabilities this engine offers under kvblocks.Transport (auto | shm | tcp | ucx).
-uint64_t OfferedCapabilities(const std::string &transport);
+// Capabilities this engine offers under kvblocks.Transport (auto | shm | tcp | ucx); UCX only with
+// kvblocks.UcxTrustedNetwork=1 (`ucx_trusted`).
+uint64_t OfferedCapabilities(const std::string &transport, bool ucx_trusted);
 // This process's identity for the handshake; `instance` and `probe` belong to the engine.
 void FillIdentity(uint64_t instance, const uint64_t *probe, PeerIdentity *id);
 // Engines of this process, so a same-process peer is recognised.

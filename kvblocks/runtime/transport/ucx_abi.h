@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-#define KVB_UCX_ABI_VERSION 2
+#define KVB_UCX_ABI_VERSION 3
 
 typedef struct kvb_ucx_ctx kvb_ucx_ctx;  // UCP context + one worker + its progress thread
 typedef struct kvb_ucx_mem kvb_ucx_mem;  // a ucp_mem_map'ed range
@@ -33,7 +33,9 @@ enum { KVB_UCX_OK = 0, KVB_UCX_TIMEOUT = 1, KVB_UCX_FAILED = 2, KVB_UCX_ABORTED 
 typedef struct {
   uint32_t abi;                  // KVB_UCX_ABI_VERSION
   const char *(*version)(void);  // the loaded UCP library's version
-  kvb_ucx_ctx *(*create)(char *err, size_t errlen);
+  // `net_devices`: UCX_NET_DEVICES for the worker (the only interfaces it listens on), whatever the
+  // environment says.
+  kvb_ucx_ctx *(*create)(const char *net_devices, char *err, size_t errlen);
   void (*destroy)(kvb_ucx_ctx *ctx);
   // The worker address; returns its length (copied when <= cap).
   size_t (*address)(kvb_ucx_ctx *ctx, void *buf, size_t cap);

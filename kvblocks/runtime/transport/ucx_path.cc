@@ -3,7 +3,12 @@
 // dlopen() here on first need; this file only speaks the plain-C interface of ucx_abi.h.
 #include "transport/ucx_path.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <dlfcn.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -17,6 +22,7 @@
 #include "link/link.h"
 #include "transport/path.h"
 #include "transport/ucx_abi.h"
+#include "wire/messages.h"
 
 namespace kvblocks {
 
@@ -127,10 +133,59 @@ bool UcxAvailable(std::string *why) {
   return ok;
 }
 
-std::shared_ptr<UcxContext> MakeUcxContext(std::string *why) {
+namespace {
+
+// Entries of a sysfs directory (not . and ..).
+std::vector<std::string> Entries(const std::string &dir) {
+  std::vector<std::string> out;
+  DIR *d = opendir(dir.c_str());
+  for (dirent *e; d != nullptr && (e = readdir(d)) != nullptr;)
+    if (e->d_name[0] != '.') out.push_back(e->d_name);
+  if (d != nullptr) closedir(d);
+  return out;
+}
+
+// The interface carrying IPv4 address `a`; "" when none.
+std::string InterfaceOf(const in_addr &a) {
+  ifaddrs *all = nullptr;
+  if (getifaddrs(&all) != 0) return "";
+  std::string name;
+  for (ifaddrs *i = all; i != nullptr && name.empty(); i = i->ifa_next)
+    if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET &&
+        reinterpret_cast<sockaddr_in *>(i->ifa_addr)->sin_addr.s_addr == a.s_addr)
+      name = i->ifa_name;
+  freeifaddrs(all);
+  return name;
+}
+
+}  // namespace
+
+std::string UcxDevicesOf(int fd, std::string *why) {
+  sockaddr_in me{};
+  socklen_t len = sizeof(me);
+  if (getsockname(fd, reinterpret_cast<sockaddr *>(&me), &len) != 0 || me.sin_family != AF_INET) {
+    *why = "the link's local address is unknown";
+    return "";
+  }
+  std::string devs = InterfaceOf(me.sin_addr);
+  if (devs.empty()) {
+    char ip[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &me.sin_addr, ip, sizeof(ip));
+    *why = std::string("no interface carries the link's address ") + ip;
+    return "";
+  }
+  // RoCE / IPoIB: UCX names the RDMA device behind the interface by its own name and port.
+  const std::string ib = "/sys/class/net/" + devs + "/device/infiniband";
+  for (const std::string &dev : Entries(ib))
+    for (const std::string &port : Entries("/sys/class/infiniband/" + dev + "/ports")) devs += "," + dev + ":" + port;
+  return devs;
+}
+
+std::shared_ptr<UcxContext> MakeUcxContext(const std::string &devices, std::string *why) {
   if (!UcxAvailable(why)) return nullptr;
   char err[256] = {};
-  kvb_ucx_ctx *c = Api()->create(err, sizeof(err));
+  if (getenv("UCX_NET_DEVICES") != nullptr) LogWarn("UCX_NET_DEVICES is ignored: the worker uses %s", devices.c_str());
+  kvb_ucx_ctx *c = Api()->create(devices.c_str(), err, sizeof(err));
   if (c == nullptr) {
     *why = std::string("UCX set-up failed: ") + err;
     LogWarn("%s", why->c_str());
@@ -278,12 +333,27 @@ std::vector<kvb_ucx_rkey *> Unpack(kvb_ucx_ep *ep, const RemoteCache &rc) {
 
 }  // namespace
 
+bool UcxTake(const UcxInfo &info, Link *link) {
+  for (const UcxCacheKeys &k : info.caches) {
+    auto it = link->caches.find(k.cache_id);
+    if (it == link->caches.end() || it->second.addrs.empty() || k.key_of.size() != it->second.num_tensors)
+      return false;
+  }
+  for (const UcxCacheKeys &k : info.caches) {
+    RemoteCache &rc = link->caches.at(k.cache_id);
+    rc.ucx_worker = info.worker;
+    rc.ucx_rkeys = k.rkeys;
+    rc.ucx_key_of = k.key_of;
+  }
+  return true;
+}
+
 bool UcxAttach(const std::shared_ptr<UcxContext> &ctx, Link *link, bool force, std::string *why) {
   if (!ctx || (link->capabilities & kCapUcx) == 0) {
-    *why = !ctx ? "UCX is not available here" : "the peer does not offer UCX";
+    if (ctx || why->empty()) *why = !ctx ? "UCX is not available here" : "the peer does not offer UCX";
     return false;
   }
-  const RemoteCache *first = nullptr;
+  const RemoteCache *first = nullptr;  // the descriptors came in the peer's UCX_INFO (UcxTake)
   for (const auto &kv : link->caches)
     if (!kv.second.ucx_key_of.empty() && (first = &kv.second) != nullptr) break;
   if (first == nullptr) {

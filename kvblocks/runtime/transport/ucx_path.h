@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The UCX transport, runtime side: loads the plugin (ucx_abi.h) on first need, owns one UCP worker
 // per engine, registers caches with it and reaches a peer's caches with get/put on their rkeys.
+// UCX's software RMA serves any address to whoever reaches the worker, so all of this runs only
+// under kvblocks.UcxTrustedNetwork=1, with the worker on one interface (README, threat model).
 #ifndef KVBLOCKS_RUNTIME_TRANSPORT_UCX_PATH_H_
 #define KVBLOCKS_RUNTIME_TRANSPORT_UCX_PATH_H_
 
@@ -20,15 +22,24 @@ class UcxContext;
 // with the reason in *why.
 bool UcxAvailable(std::string *why = nullptr);
 
-// One engine's UCP context and worker (with the thread that progresses it). Null, with the reason
-// in *why, when UCX is unavailable or its set-up fails.
-std::shared_ptr<UcxContext> MakeUcxContext(std::string *why);
+// The UCX_NET_DEVICES that keep a worker on the interface of `fd`'s local address (a link's control
+// connection): that interface, and the RDMA ports of its device. Empty, with the reason in *why,
+// when no interface carries that address.
+std::string UcxDevicesOf(int fd, std::string *why);
+
+// One engine's UCP context and worker (with the thread that progresses it), listening only on
+// `devices`. Null, with the reason in *why, when UCX is unavailable or its set-up fails.
+std::shared_ptr<UcxContext> MakeUcxContext(const std::string &devices, std::string *why);
 
 // Registers `cache` with the worker (once; the registration lives as long as the cache, or until
-// UcxForget) and adds its UCX descriptor (worker address, rkeys) to `entry`.
+// UcxForget) and adds its UCX descriptor (worker address, rkeys) to `entry`, for UCX_INFO only.
 void UcxAnnounce(const std::shared_ptr<UcxContext> &ctx, CacheEntry *cache, TableEntry *entry);
 // Drops the registration of an unregistered cache (ucp_mem_unmap).
 void UcxForget(CacheEntry *cache);
+
+// Gives the link's caches the descriptors of the peer's UCX_INFO. False (nothing taken) when one
+// names a cache the link-time table lacks, or does not match its tensors.
+bool UcxTake(const struct UcxInfo &info, Link *link);
 
 // Connects to the peer's worker and gives every remote cache with a UCX descriptor a UCX path:
 // all of them when `force`, else those still on TCP. Sets link->ucx. Returns false (and why) when

@@ -35,6 +35,7 @@ enum FrameType : uint16_t {
   kKeyReleased = 19,     // control: a key of the sender's cache is no longer bound (KeyRef)
   kCacheQuery = 25,      // control: describe one of your caches (CacheQuery), answered with kCacheInfo
   kCacheInfo = 26,       // control: the answer (CacheInfo): that cache's table entry, or none
+  kUcxInfo = 27,         // handshake, after CONFIRM, between two kCapUcx sides: UcxInfo, each way
   kReadReq = 20,
   kReadResp = 21,
   kWriteReq = 22,
@@ -70,9 +71,10 @@ enum Capability : uint64_t {
   kCapSharedMemory = 1 << 1,  // map the peer's memfd
   kCapCma = 1 << 2,           // process_vm_readv/writev on registered memory
   kCapInProcess = 1 << 3,     // plain memcpy between two engines of one process
-  kCapUcx = 1 << 4,           // UCP get/put on rkeys from the cache table (transport/ucx_path.cc)
+  // 1 << 4: retired (UCX descriptors in the cache table, shown to every linked peer); never offered.
   kCapCacheQuery = 1 << 5,    // answers CACHE_QUERY (a cache registered after linking); not a path
   kCapKeyQuery = 1 << 6,      // answers CACHE_QUERY by cache key and by batch key too; not a path
+  kCapUcx = 1 << 7,           // UCP get/put; worker address and rkeys in UCX_INFO after CONFIRM (ucx_path.cc)
 };
 
 enum class ConnKind : uint32_t { kCtrl = 1, kDataFwd = 2, kDataRev = 3 };
@@ -157,6 +159,20 @@ struct AuthProof {
 struct Confirm {
   int64_t clock_offset_ns = 0;  // opener clock = acceptor clock + offset (the bound that errs early)
   bool local_exchange = false;  // the opener connects to the acceptor's local socket now
+};
+
+// UCX_INFO: the sender's UCP worker address and, for each cache of its link-time table it serves over
+// UCX, the packed rkeys and the rkey index of every tensor. Sent only after CONFIRM and only to a
+// peer that offered kCapUcx: these descriptors reach any memory of the sender (README, threat model).
+// An empty worker (no caches): no UCX from this side (the acceptor refusing the link, or no worker).
+struct UcxCacheKeys {
+  int64_t cache_id = 0;
+  std::vector<std::string> rkeys;  // 1..kMaxTableTensors, each 1..kMaxUcxBlob bytes
+  std::vector<uint32_t> key_of;    // per tensor: an index into rkeys
+};
+struct UcxInfo {
+  std::string worker;  // at most kMaxUcxBlob bytes
+  std::vector<UcxCacheKeys> caches;
 };
 
 struct CacheRef {  // CACHE_GONE and CACHE_GONE_ACK
@@ -248,6 +264,7 @@ constexpr PayloadLimit kPayloadLimits[] = {
     {kLinkInfo, Channel::kHandshake, kMaxLinkInfoPayload},
     {kConfirm, Channel::kHandshake, kSmallPayload},
     {kBind, Channel::kHandshake, sizeof(Bind::mac)},
+    {kUcxInfo, Channel::kHandshake, kMaxLinkInfoPayload},  // worker address and rkeys of the link-time caches
     {kCacheGone, Channel::kControl, kSmallPayload},
     {kCacheGoneAck, Channel::kControl, kSmallPayload},
     {kNotify, Channel::kControl, kMaxNotifyPayload},
@@ -278,6 +295,7 @@ void Encode(const Notify &m, std::string *out);
 void Encode(const KeyRef &m, std::string *out);
 void Encode(const CacheQuery &m, std::string *out);
 void Encode(const CacheInfo &m, std::string *out);
+void Encode(const UcxInfo &m, std::string *out);
 
 bool Decode(const std::string &in, Hello *m);  // false also for another protocol version
 bool Decode(const std::string &in, Challenge *m);
@@ -291,6 +309,7 @@ bool Decode(const std::string &in, Notify *m);
 bool Decode(const std::string &in, KeyRef *m);  // false also for a negative key
 bool Decode(const std::string &in, CacheQuery *m);  // false also for a bad kind or key
 bool Decode(const std::string &in, CacheInfo *m);
+bool Decode(const std::string &in, UcxInfo *m);  // false also for out-of-range counts, sizes and indices
 
 }  // namespace kvblocks
 
