@@ -201,7 +201,9 @@ def test_a_huge_table_announcement_is_refused_and_bounded():
         time.sleep(0.3)
         grown = _rss_kib(pid) - before
         print(f"16,384 entries ({len(most)} bytes): linked, RSS +{grown} KiB")
-        assert grown * 1024 < 16 * len(most) + (8 << 20), grown
+        # ASan's redzones and shadow memory roughly double every allocation.
+        slack = 3 if "libasan" in os.environ.get("LD_PRELOAD", "") else 1
+        assert grown * 1024 < slack * 16 * len(most) + (8 << 20), grown
         ctrl.close()
     finally:
         peer.close()
