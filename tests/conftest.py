@@ -8,6 +8,16 @@ import kvblocks as kb
 from ports import free_port  # noqa: F401  (tests import it from here)
 
 
+def mix_engine(cid: int, port=None, **opts) -> kb.LlmDataDist:
+    """An initialized MIX engine, listening on 127.0.0.1:``port`` when given; ``opts`` are more options."""
+    e = kb.LlmDataDist(cid, kb.LlmRole.MIX)
+    o = {kb.OPTION_DEVICE_ID: "0", **opts}
+    if port:
+        o[kb.OPTION_LISTEN_IP_INFO] = f"127.0.0.1:{port}"
+    e.initialize(o)
+    return e
+
+
 def cluster(remote_id: int, port: int, ip: str = "127.0.0.1") -> kb.ClusterInfo:
     return kb.ClusterInfo(remote_id, 0, [kb.IpInfo(ip, 0)], [kb.IpInfo(ip, port)])
 

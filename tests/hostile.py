@@ -221,3 +221,21 @@ def flood(port, sockets, seconds, rate, ip="127.0.0.1"):
     for s in held:
         s.close()
     return opened
+
+
+def pipe(src, dst):
+    """Copies bytes from ``src`` to ``dst`` until either end closes, then shuts both down: the
+    byte-relay half of the relaying test processes. Raises nothing."""
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    for s in (src, dst):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass

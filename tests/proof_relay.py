@@ -22,7 +22,7 @@ import struct
 import sys
 import threading
 
-from hostile import (AUTH, BIND, BIND_LABEL, CHALLENGE, CONFIRM, CONFIRM_ACK, HELLO, HELLO_ACK, LINK_INFO, READ_REQ,
+from hostile import (pipe, AUTH, BIND, BIND_LABEL, CHALLENGE, CONFIRM, CONFIRM_ACK, HELLO, HELLO_ACK, LINK_INFO, READ_REQ,
                      WRITE_DONE, WRITE_REQ, endpoint, link_info, mac, parse_link_info, recv_frame, request,
                      send_frame, transcript)
 
@@ -127,28 +127,12 @@ def serve(c, args):
         report()
 
 
-def pump(src, dst):
-    try:
-        while True:
-            chunk = src.recv(65536)
-            if not chunk:
-                break
-            dst.sendall(chunk)
-    except OSError:
-        pass
-    for s in (src, dst):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-
 def proxy(c, args):
     v = socket.create_connection((VICTIM_IP, args.victim), timeout=10)
     v.settimeout(None)
     c.settimeout(None)
-    threading.Thread(target=pump, args=(c, v), daemon=True).start()
-    pump(v, c)
+    threading.Thread(target=pipe, args=(c, v), daemon=True).start()
+    pipe(v, c)
 
 
 def main():

@@ -21,7 +21,7 @@ import struct
 import sys
 import threading
 
-from hostile import (AUTH, BIND, BIND_LABEL, CHALLENGE, HELLO, HELLO_ACK, LINK_INFO, LISTENER_LABEL, OPENER_LABEL,
+from hostile import (pipe, AUTH, BIND, BIND_LABEL, CHALLENGE, HELLO, HELLO_ACK, LINK_INFO, LISTENER_LABEL, OPENER_LABEL,
                      VERSION, endpoint, link_info, mac, parse_link_info, recv_frame, send_frame, transcript)
 
 CACHE_ID = 4242
@@ -102,22 +102,6 @@ def relay_link_info(a, b, args):
                                        table=struct.pack("<I", 1) + entry_at(args.addr, args.bytes),
                                        link_token=theirs["token"]))
     return True
-
-
-def pipe(src, dst):
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            dst.sendall(data)
-    except OSError:
-        pass
-    for s in (src, dst):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
 
 def serve(a, args):

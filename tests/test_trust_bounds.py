@@ -13,7 +13,7 @@ import time
 import pytest
 
 import kvblocks as kb
-from conftest import cluster, free_port
+from conftest import mix_engine, cluster, free_port
 from hostile import (CACHE_QUERY, CONFIRM, HDR, LINK_INFO, MAGIC, NOTIFY, READ_REQ, authenticate, handshake,
                      link_info, open_link, recv_frame, send_frame, tiny_tables)
 from procs import Peer
@@ -30,13 +30,7 @@ def _rss_kib(pid):
     raise KeyError("VmRSS")
 
 
-def _engine(cid, port=None, **opts):
-    e = kb.LlmDataDist(cid, kb.LlmRole.MIX)
-    o = {kb.OPTION_DEVICE_ID: "0", **opts}
-    if port:
-        o[kb.OPTION_LISTEN_IP_INFO] = f"127.0.0.1:{port}"
-    e.initialize(o)
-    return e
+_engine = mix_engine
 
 
 def _announce(s, type_, length):

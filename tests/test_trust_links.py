@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import kvblocks as kb
-from conftest import cluster, free_port
+from conftest import mix_engine, cluster, free_port
 from hostile import (AUTH, BIND, CHALLENGE, CONFIRM, CONFIRM_ACK, HDR, HELLO, HELLO_ACK, LINK_INFO, MAGIC, READ_REQ,
                      READ_RESP, UCX_INFO, handshake, link_info, open_link, parse_link_info, recv_exact,
                      recv_frame, send_frame)
@@ -22,13 +22,7 @@ from procs import Peer
 S = kb.Status
 
 
-def _engine(cid, port=None, **opts):
-    e = kb.LlmDataDist(cid, kb.LlmRole.MIX)
-    o = {kb.OPTION_DEVICE_ID: "0", **opts}
-    if port:
-        o[kb.OPTION_LISTEN_IP_INFO] = f"127.0.0.1:{port}"
-    e.initialize(o)
-    return e
+_engine = mix_engine
 
 
 def _proc_status(pid, key):
