@@ -25,8 +25,6 @@ KNOWN = {
     ("transport", "link"): "tcp_path.cc and ucx_path.cc take channels from Link's pool",
     ("transport", "cache"): "paths read CacheEntry (registered memory) directly",
     ("transport", "plan"): "Path::Execute takes a Plan",
-    ("wire", "cache"): "LINK_INFO and CACHE_INFO embed the cache table (cache/table.h)",
-    ("link", "cache"): "a Link keeps the peer's cache table (cache/table.h)",
     ("net", "wire"): "net/socket.h sends and receives frames (wire/messages.h's header)",
 }
 

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// The cache table (kvblocks/runtime/cache/table.*): what a peer announces at link time. Consistent
+// The cache table (kvblocks/runtime/wire/table.*): what a peer announces at link time. Consistent
 // entries round-trip; an entry whose sizes, descriptors or counts do not add up is refused, and so is
 // a table past its bounds, before it is kept.
 #include <string>
 #include <vector>
 
-#include "cache/table.h"
+#include "wire/table.h"
 #include "common/limits.h"
 #include "unit.h"
 #include "wire/codec.h"
