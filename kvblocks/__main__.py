@@ -21,7 +21,7 @@ folder would hide the installed package."""
 _COMMANDS = {
     "demo": "run the two-process demo (kvblocks demo --help)",
     "ping": "measure a link to a 'kvblocks demo --listen' peer (kvblocks ping --help)",
-    "bench": "run the benchmark matrix (kvblocks bench --help; needs kvblocks[bench])",
+    "bench": "run the benchmark matrix (kvblocks bench --help; needs kvblocks-bench: pip install ./bench)",
 }
 
 
@@ -90,6 +90,28 @@ def _ping(argv, prog: str) -> int:
         return 1
 
 
+_NO_BENCH = """\
+kvblocks bench: the benchmark is a separate package, kvblocks-bench, built from the bench/ folder of
+the kvblocks source repository (it is not part of the kvblocks wheel). From a checkout:
+
+    pip install ./bench          # or: pip install . ./bench
+
+then run 'kvblocks bench --help'."""
+
+
+def _bench(argv) -> int:
+    """``kvblocks bench``: the benchmark matrix from the kvblocks-bench package; 2 with how to get it
+    when it is not installed. Raises whatever the bench raises (SystemExit for its usage errors)."""
+    try:
+        import kvblocks_bench
+    except ImportError as e:
+        if getattr(e, "name", None) != "kvblocks_bench":
+            raise  # the bench is there but broken: show why
+        print(_NO_BENCH, file=sys.stderr)
+        return 2
+    return kvblocks_bench.main(argv)
+
+
 def main(argv=None) -> int:
     """Run the ``kvblocks`` command line; returns the exit status.
 
@@ -112,9 +134,7 @@ def main(argv=None) -> int:
     if argv and argv[0] == "ping":
         return _ping(argv[1:], prog=f"{prog} ping")
     if argv and argv[0] == "bench":
-        from kvblocks import benchmark
-
-        return benchmark.main(argv[1:])
+        return _bench(argv[1:])
     ap = _parser(prog)
     args = ap.parse_args(argv)
     if args.command is not None:  # e.g. "--cflags demo": commands take no top-level options
