@@ -7,6 +7,7 @@
 import atexit as _atexit
 import logging as _logging
 import os as _os
+import sys as _sys
 import threading as _threading
 
 _logger = _logging.getLogger("kvblocks")
@@ -15,8 +16,13 @@ _log_thread = None
 
 
 cdef inline void _log_record(int level, c_string& msg):
-    _logger.log(_logging.WARNING if level <= 1 else _logging.INFO, "%s",
-                msg.decode("utf-8", "replace"))
+    text = msg.decode("utf-8", "replace")
+    if not _logger.hasHandlers():
+        # Nobody configured logging: stderr, as the runtime writes it (and at info level too, which
+        # Python's last-resort handler would drop although KVBLOCKS_LOG_LEVEL=2 asked for it).
+        _sys.stderr.write(f"[kvblocks {'WARN' if level <= 1 else 'INFO'} pid={_os.getpid()}] {text}\n")
+        return
+    _logger.log(_logging.WARNING if level <= 1 else _logging.INFO, "%s", text)
 
 
 cdef int _drain_logs() except -1:

@@ -88,8 +88,10 @@ def main() -> int:
                 rets = dd.link_llm_clusters([kb.ClusterInfo(cmd["cluster"], 0, [kb.IpInfo(cmd["ip"], 0)],
                                                             [kb.IpInfo(cmd["ip"], cmd["port"])])], 5000)
                 why = dd.link_failure(cmd["cluster"])
-                reply({"rets": [int(r) for r in rets], "path": dd.link_path(cmd["cluster"]),
-                       "why": None if why is None else [why.reason, int(why.status), why.message]})
+                res = {"rets": [int(r) for r in rets], "path": dd.link_path(cmd["cluster"])}
+                if why is not None:
+                    res["why"] = [why.reason, int(why.status), why.message]
+                reply(res)
             elif op == "unlink":
                 rets = dd.unlink_llm_clusters([kb.ClusterInfo(cmd["cluster"], 0, [kb.IpInfo(cmd["ip"], 0)],
                                                               [kb.IpInfo(cmd["ip"], cmd["port"])])], 5000)
