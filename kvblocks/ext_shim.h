@@ -16,6 +16,7 @@
 
 namespace kvblocks {
 inline const char *LastErrorMessage() noexcept { return ""; }
+inline std::string ProcessMetricsJson() noexcept { return "[]"; }
 // Asynchronous transfers are a kvblocks runtime feature: against CANN no handle is ever valid.
 class TransferHandle {
  public:
@@ -70,6 +71,8 @@ struct ImplAccess {
   static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &, int64_t) { return nullptr; }
   static int LinkChannels(llm_datadist::LlmDataDist &, uint64_t) { return 0; }
   static bool HasLinks(llm_datadist::LlmDataDist &) { return false; }
+  // Metrics are the kvblocks runtime's: against CANN there are none.
+  static std::string MetricsJson(llm_datadist::LlmDataDist &) noexcept { return "{}"; }
   static llm_datadist::Status SetBatchKeys(llm_datadist::LlmDataDist &, int64_t, const std::vector<int64_t> &) noexcept {
     return llm_datadist::LLM_FEATURE_NOT_ENABLED;
   }

@@ -13,6 +13,7 @@
 #include "kvblocks/error.h"
 #include "kvblocks/ext_types.h"
 #include "kvblocks/layerwise.h"
+#include "kvblocks/metrics.h"
 #include "llm_datadist/llm_datadist.h"
 
 namespace kvblocks {
@@ -64,6 +65,9 @@ struct KVBLOCKS_API ImplAccess {
   static bool HasLinks(llm_datadist::LlmDataDist &dd) noexcept;
   // Number of data channels currently open towards a peer (tests and introspection).
   static int LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept;
+  // This engine's counters now (include/kvblocks/metrics.h), and the same as one JSON object.
+  static EngineMetrics Metrics(llm_datadist::LlmDataDist &dd) noexcept;
+  static std::string MetricsJson(llm_datadist::LlmDataDist &dd) noexcept;
 
   // Asynchronous PullKvBlocks / PushKvBlocks (include/kvblocks/async.h). Every check of the
   // synchronous call runs here, with its statuses; on LLM_SUCCESS `out` is the in-flight transfer,

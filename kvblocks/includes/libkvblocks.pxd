@@ -142,6 +142,7 @@ cdef extern from "kvblocks/rules.h" namespace "kvblocks" nogil:
 
 cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
     const char* LastErrorMessage "kvblocks::LastErrorMessage"() noexcept
+    c_string ProcessMetricsJson "kvblocks::ProcessMetricsJson"() noexcept
     Status PullBlocksRaw "kvblocks::PullBlocksRaw"(CLlmDataDist& dd, const CCacheIndex& src, const CCache& dst,
                                                    const uint64_t* sb, const uint64_t* db, size_t n,
                                                    const CKvCacheExtParam& ext) noexcept
@@ -246,6 +247,8 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         int LinkChannels(CLlmDataDist& dd, uint64_t cluster_id)
         @staticmethod
         c_bool HasLinks(CLlmDataDist& dd)
+        @staticmethod
+        c_string MetricsJson(CLlmDataDist& dd) noexcept
         @staticmethod
         Status SetBatchKeys(CLlmDataDist& dd, int64_t cache_id, const vector[int64_t]& keys) noexcept
         @staticmethod
