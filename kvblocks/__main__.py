@@ -9,6 +9,7 @@ _EPILOG = """\
 examples:
   kvblocks demo                      a Prompt and a Decoder process move real blocks, verified
   kvblocks bench --case shm          the benchmark matrix (kvblocks bench --help)
+  kvblocks stats 127.0.0.1:9464      metrics of a process that called kvblocks.serve_metrics(9464)
   g++ app.cpp $(kvblocks --cflags --libs)
 
 'python -m kvblocks' is the same command; run it outside the source checkout, whose ./kvblocks
@@ -18,6 +19,7 @@ folder would hide the installed package."""
 _COMMANDS = {
     "demo": "run the two-process demo (kvblocks demo --help)",
     "bench": "run the benchmark matrix (kvblocks bench --help; needs kvblocks[bench])",
+    "stats": "print the transfer metrics another process serves (kvblocks stats --help)",
 }
 
 
@@ -78,6 +80,10 @@ def main(argv=None) -> int:
         from kvblocks import benchmark
 
         return benchmark.main(argv[1:])
+    if argv and argv[0] == "stats":
+        from kvblocks import stats
+
+        return stats.main(argv[1:], prog=f"{prog} stats")
     ap = _parser(prog)
     args = ap.parse_args(argv)
     if args.command is not None:  # e.g. "--cflags demo": commands take no top-level options
