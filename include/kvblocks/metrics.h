@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Runtime metrics of kvblocks engines: a plain, versioned snapshot (README "Metrics").
 // Counters only grow for the life of an engine; a peer's counters survive unlink and relink.
+// ABI: std::string inside, so (as NotifyMessage in ext_types.h) the structs carry [abi:cxx11]: a
+// client built with another _GLIBCXX_USE_CXX11_ABI fails to link rather than misread them.
 #ifndef KVBLOCKS_METRICS_H_
 #define KVBLOCKS_METRICS_H_
 
@@ -9,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kvblocks/ext_types.h"  // KVBLOCKS_STD_STRING_ABI
 #include "llm_datadist/llm_datadist.h"  // KVBLOCKS_API
 
 namespace kvblocks {
@@ -19,7 +22,7 @@ constexpr int kMetricsVersion = 1;
 // Transfers of one kind ("pull_blocks", "push_blocks", "pull_cache", "push_cache",
 // "pull_blocks_async", "push_blocks_async", "push_layerwise", "hixl_read", "hixl_write",
 // "hixl_read_async", "hixl_write_async") on one path to one peer.
-struct KindMetrics {
+struct KVBLOCKS_STD_STRING_ABI KindMetrics {
   std::string kind;
   uint64_t count = 0;                       // finished, any status
   std::map<std::string, uint64_t> status;   // "success", "timeout", "kv_cache_not_exist", ... -> count
@@ -28,7 +31,7 @@ struct KindMetrics {
   std::vector<uint64_t> buckets;            // per bucket (not cumulative); the last one is +Inf
 };
 
-struct PathMetrics {
+struct KVBLOCKS_STD_STRING_ABI PathMetrics {
   std::string path;  // the Path's name: "inprocess", "shm", "cma", "tcp", "ucx"; "none": failed before a path
   int64_t in_flight = 0;  // transfers moving bytes on this path now
   uint64_t bytes_in = 0;   // pulled / read into this engine
@@ -36,7 +39,7 @@ struct PathMetrics {
   std::vector<KindMetrics> kinds;  // only kinds with a transfer
 };
 
-struct PeerMetrics {
+struct KVBLOCKS_STD_STRING_ABI PeerMetrics {
   uint64_t cluster_id = 0;
   bool unlinked_peer = false;  // the bucket of transfers that never found a link (cluster_id 0)
   bool linked = false;         // a live link exists now
@@ -47,7 +50,7 @@ struct PeerMetrics {
   std::vector<PathMetrics> paths;
 };
 
-struct EngineMetrics {
+struct KVBLOCKS_STD_STRING_ABI EngineMetrics {
   int version = kMetricsVersion;
   uint64_t cluster_id = 0;
   uint64_t caches = 0, cache_bytes = 0;  // registered or allocated now
