@@ -238,3 +238,47 @@ def test_serve_metrics_and_stats_cli_read_another_process(linked):
     local = subprocess.run([sys.executable, "-m", "kvblocks", "stats"], capture_output=True, text=True,
                            timeout=60, env=env, cwd="/")
     assert local.returncode == 0 and json.loads(local.stdout) == []
+
+
+def _kinds_of(engines):
+    """{kind: [count, bytes]} over every engine, peer and path."""
+    out = {}
+    for e in engines:
+        for p in e["peers"]:
+            for path in p["paths"]:
+                for k in path["kinds"]:
+                    c = out.setdefault(k["kind"], [0, 0])
+                    c[0] += k["count"]
+                    c[1] += k["bytes"]
+    return out
+
+
+def test_hixl_reads_writes_and_layerwise_pushes_are_counted():
+    import kvblocks.hixl as hx
+    from test_hixl_api import Fixture
+    fx = Fixture()
+    try:
+        assert fx.c.connect(fx.sname) == hx.SUCCESS
+        assert fx.c.transfer_sync(fx.sname, hx.READ, fx.descs()) == hx.SUCCESS
+        assert fx.c.transfer_sync(fx.sname, hx.WRITE, fx.descs(n=512)) == hx.SUCCESS
+        kinds = _kinds_of(kb.metrics())
+        assert kinds["hixl_read"] == [1, 3 * 1024] and kinds["hixl_write"] == [1, 3 * 512]
+    finally:
+        fx.close()
+    port = free_port()
+    a = mix_engine(1, port, **{kb.OPTION_TRANSPORT: "tcp"})
+    b = mix_engine(2, **{kb.OPTION_TRANSPORT: "tcp"})
+    try:
+        dst = a.allocate_cache(kb.CacheDesc(TENSORS, kb.DataType.DT_UINT8, [BLOCKS, BB]))
+        src = b.allocate_cache(kb.CacheDesc(TENSORS, kb.DataType.DT_UINT8, [BLOCKS, BB]))
+        assert b.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
+        with b.open_layer_push(src, kb.CacheIndex(1, dst.cache_id), [0, 1, 2], [3, 4, 5],
+                               tensor_num_per_layer=1) as lp:
+            for layer in range(TENSORS):
+                lp.layer_ready(layer)
+        assert lp.status == kb.Status.LLM_SUCCESS
+        k = _kind(_peer(b.metrics(), 1), "tcp", "push_layerwise")
+        assert k["count"] == TENSORS and k["bytes"] == TENSORS * 3 * BB and sum(k["buckets"]) == TENSORS
+    finally:
+        b.finalize()
+        a.finalize()
