@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The ``kvblocks`` command (also ``python -m kvblocks``): demo, benchmarks, build flags for C++ users."""
+"""The ``kvblocks`` command (also ``python -m kvblocks``): demo, benchmarks, metrics, build flags for C++ users."""
 import argparse
 import os
 import sys
@@ -60,7 +60,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Run the ``kvblocks`` command line; returns the exit status.
 
-    ``demo`` and ``bench`` receive the rest of the arguments unparsed; ``--cflags``/``--libs`` print
+    ``demo``, ``bench`` and ``stats`` receive the rest of the arguments unparsed; ``--cflags``/``--libs`` print
     their flags in the order given; no arguments prints the help.
 
     Raises:

@@ -171,8 +171,8 @@ class Impl {
                      const KvCacheExtParam &ext);
   Status PushCacheOn(Transfer &t, const Cache &src, const CacheIndex &dst, uint32_t src_batch_index, int64_t size,
                      const KvCacheExtParam &ext);
-  Status PullRowToBlocksOn(Transfer &t, const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &dst_blocks,
-                           const KvCacheExtParam &ext);
+  Status PullRowToBlocksOn(Transfer &t, const CacheIndex &src, const Cache &dst,
+                           const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext);
   Status PreparePullBlocks(Transfer &t, const CacheIndex &src, const Cache &dst,
                            const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
                            const KvCacheExtParam &ext);

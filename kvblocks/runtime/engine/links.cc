@@ -522,7 +522,8 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
 Status Impl::Link(const std::vector<ClusterInfo> &clusters, std::vector<Status> &rets, int32_t timeout_ms) {
   std::shared_lock<std::shared_mutex> lk(state_mu_);
   if (!initialized()) return Fail(LLM_FAILED, "link_llm_clusters: the engine is not initialized");
-  return EachCluster(clusters, rets, timeout_ms, true, [&](const ClusterInfo &c) { return TallyLink(c.remote_cluster_id, LinkOne(c, timeout_ms)); });
+  return EachCluster(clusters, rets, timeout_ms, true,
+                     [&](const ClusterInfo &c) { return TallyLink(c.remote_cluster_id, LinkOne(c, timeout_ms)); });
 }
 
 // Links are keyed by cluster id, so remote_cluster_id alone names the link to drop (CANN's hixl

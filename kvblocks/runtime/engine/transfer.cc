@@ -244,7 +244,7 @@ Status Impl::PushCache(const Cache &src, const CacheIndex &dst, uint32_t src_bat
 }
 
 Status Impl::PullCacheOn(Transfer &t, const CacheIndex &src, const Cache &dst, uint32_t batch_index, int64_t size,
-                       const KvCacheExtParam &ext) {
+                         const KvCacheExtParam &ext) {
   Status st;
   if ((st = Begin(&t, true)) != LLM_SUCCESS) return st;
   if (size != -1 && size <= 0) return Fail(LLM_PARAM_INVALID, "size=%lld must be -1 or > 0", (long long)size);
@@ -277,8 +277,8 @@ Status Impl::PullCacheOn(Transfer &t, const CacheIndex &src, const Cache &dst, u
   return Execute(&t, true);
 }
 
-Status Impl::PushCacheOn(Transfer &t, const Cache &src, const CacheIndex &dst, uint32_t src_batch_index, int64_t size,
-                       const KvCacheExtParam &ext) {
+Status Impl::PushCacheOn(Transfer &t, const Cache &src, const CacheIndex &dst, uint32_t src_batch_index,
+                         int64_t size, const KvCacheExtParam &ext) {
   Status st;
   if ((st = Begin(&t, false)) != LLM_SUCCESS) return st;
   if ((st = CheckPushSource(src)) != LLM_SUCCESS) return st;
@@ -658,8 +658,8 @@ Status Impl::PullRowToBlocks(const CacheIndex &src, const Cache &dst, const std:
   return Tally(&t, PullRowToBlocksOn(t, src, dst, dst_blocks, ext));
 }
 
-Status Impl::PullRowToBlocksOn(Transfer &t, const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &dst_blocks,
-                             const KvCacheExtParam &ext) {
+Status Impl::PullRowToBlocksOn(Transfer &t, const CacheIndex &src, const Cache &dst,
+                               const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext) {
   Status st;
   if ((st = Begin(&t, true)) != LLM_SUCCESS) return st;
   if ((st = CheckPullRanges(ext)) != LLM_SUCCESS) return st;

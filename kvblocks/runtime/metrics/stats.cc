@@ -38,7 +38,9 @@ const Bounds &TheBounds() {
 }  // namespace
 
 const char *KindName(Kind k) { return kKindNames[k]; }
-bool Inbound(Kind k) { return k == kPullBlocks || k == kPullCache || k == kPullBlocksAsync || k == kHixlRead || k == kHixlReadAsync; }
+bool Inbound(Kind k) {
+  return k == kPullBlocks || k == kPullCache || k == kPullBlocksAsync || k == kHixlRead || k == kHixlReadAsync;
+}
 
 int StatusSlot(llm_datadist::Status st) {
   if (st == llm_datadist::LLM_SUCCESS) return 0;
