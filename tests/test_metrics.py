@@ -78,7 +78,9 @@ def test_pulls_and_pushes_count_bytes_and_latency(linked):
     # The peer's own engine saw an accepted link (it served, it moved nothing itself).
     theirs = peer.call(op="metrics")["metrics"]
     assert _peer(theirs, 2)["links"] == 1 and _peer(theirs, 2)["linked"]
-    assert kb.metrics()[0]["cluster_id"] == 2  # this process has exactly this engine
+    # The process-wide list has this engine (engines of earlier tests may still exist too).
+    ours = [e for e in kb.metrics() if e["cluster_id"] == 2 and any(p["peer"] == 1 for p in e["peers"])]
+    assert 5 in [_kind(_peer(e), path, "pull_blocks")["count"] for e in ours if _kind(_peer(e), path, "pull_blocks")]
 
 
 def test_failures_count_by_status(linked):
@@ -167,7 +169,7 @@ def test_notifications_are_counted_both_ways():
         assert len(a.get_notifies()) == 3
         assert _peer(b.metrics(), 1)["notifies_sent"] == 3
         assert _peer(a.metrics(), 2)["notifies_received"] == 3
-        assert {e["cluster_id"] for e in kb.metrics()} == {1, 2}
+        assert {1, 2} <= {e["cluster_id"] for e in kb.metrics()}
     finally:
         b.finalize()
         a.finalize()
@@ -256,13 +258,15 @@ def _kinds_of(engines):
 def test_hixl_reads_writes_and_layerwise_pushes_are_counted():
     import kvblocks.hixl as hx
     from test_hixl_api import Fixture
+    before = _kinds_of(kb.metrics())  # engines of earlier tests may still exist in this process
     fx = Fixture()
     try:
         assert fx.c.connect(fx.sname) == hx.SUCCESS
         assert fx.c.transfer_sync(fx.sname, hx.READ, fx.descs()) == hx.SUCCESS
         assert fx.c.transfer_sync(fx.sname, hx.WRITE, fx.descs(n=512)) == hx.SUCCESS
         kinds = _kinds_of(kb.metrics())
-        assert kinds["hixl_read"] == [1, 3 * 1024] and kinds["hixl_write"] == [1, 3 * 512]
+        grown = {k: [a - b for a, b in zip(v, before.get(k, [0, 0]))] for k, v in kinds.items()}
+        assert grown["hixl_read"] == [1, 3 * 1024] and grown["hixl_write"] == [1, 3 * 512]
     finally:
         fx.close()
     port = free_port()
