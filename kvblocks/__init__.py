@@ -77,12 +77,28 @@ try:
         LlmRole,
         TransferHandle,
         route_logs_to_python,
+        process_metrics,
         validate_blocks,
         wait_all,
     )
 except ImportError as _err:
     _source_tree_error(_err)
     raise
+
+
+def metrics() -> list:
+    """Counters of every engine of this process now: a list with one dict per engine, as
+    :meth:`LlmDataDist.metrics` returns (README "Metrics"). Takes no lock a transfer needs."""
+    return process_metrics()
+
+
+def serve_metrics(port: int, addr: str = "127.0.0.1"):
+    """Serves this process's metrics in Prometheus' text format on http://ADDR:PORT/metrics from a
+    daemon thread (prometheus_client's server when installed, else a small one of kvblocks' own).
+    Returns the server; ``port`` 0 picks a free one (``server.server_port``)."""
+    from kvblocks.prometheus import serve
+
+    return serve(port, addr)
 
 
 def get_include() -> str:
@@ -111,5 +127,5 @@ __all__ = [
     "OPTION_MAX_LINKS_PER_PEER", "OPTION_ROLE_CHECK",
     "OPTION_SYNC_CACHE_WAIT_TIME", "OPTION_TRANSFER_BACKEND", "OPTION_TRANSPORT", "OPTION_UCX_TRUSTED_NETWORK",
     "get_include", "route_logs_to_python",
-    "get_library_dir", "validate_blocks", "TransferHandle", "wait_all", "LayerPush",
+    "get_library_dir", "validate_blocks", "TransferHandle", "wait_all", "LayerPush", "metrics", "serve_metrics",
 ]

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The ``kvblocks`` command (also ``python -m kvblocks``): demo, benchmarks, build flags for C++ users."""
+"""The ``kvblocks`` command (also ``python -m kvblocks``): demo, benchmarks, metrics, build flags for C++ users."""
 import argparse
 import os
 import sys
@@ -12,6 +12,7 @@ examples:
   kvblocks demo --connect IP:PORT    ... and the Decoder side there
   kvblocks ping IP:PORT              path, round trip and bandwidth of a link to a demo listener
   kvblocks bench --case shm          the benchmark matrix (kvblocks bench --help)
+  kvblocks stats 127.0.0.1:9464      metrics of a process that called kvblocks.serve_metrics(9464)
   g++ app.cpp $(kvblocks --cflags --libs)
 
 'python -m kvblocks' is the same command; run it outside the source checkout, whose ./kvblocks
@@ -22,6 +23,7 @@ _COMMANDS = {
     "demo": "run the two-process demo (kvblocks demo --help)",
     "ping": "measure a link to a 'kvblocks demo --listen' peer (kvblocks ping --help)",
     "bench": "run the benchmark matrix (kvblocks bench --help; needs kvblocks-bench: pip install ./bench)",
+    "stats": "print the transfer metrics another process serves (kvblocks stats --help)",
 }
 
 
@@ -115,7 +117,7 @@ def _bench(argv) -> int:
 def main(argv=None) -> int:
     """Run the ``kvblocks`` command line; returns the exit status.
 
-    ``demo``, ``ping`` and ``bench`` receive the rest of the arguments unparsed; ``--cflags``/``--libs`` print
+    ``demo``, ``ping``, ``bench`` and ``stats`` receive the rest of the arguments unparsed; ``--cflags``/``--libs``
     their flags in the order given; no arguments prints the help.
 
     Raises:
@@ -135,6 +137,10 @@ def main(argv=None) -> int:
         return _ping(argv[1:], prog=f"{prog} ping")
     if argv and argv[0] == "bench":
         return _bench(argv[1:])
+    if argv and argv[0] == "stats":
+        from kvblocks import stats
+
+        return stats.main(argv[1:], prog=f"{prog} stats")
     ap = _parser(prog)
     args = ap.parse_args(argv)
     if args.command is not None:  # e.g. "--cflags demo": commands take no top-level options

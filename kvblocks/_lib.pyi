@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Type stubs for the Cython core (kvblocks/_lib.pyx).
 import enum
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, TypedDict, Union
 
 _Blocks = Union[Sequence[int], Any]  # list/tuple of int, array('Q'), numpy integer arrays
 
@@ -137,6 +137,44 @@ class LinkFailure(NamedTuple):
 LINK_FAILURE_REASONS: Tuple[str, ...]
 
 def route_logs_to_python(enable: bool = ...) -> None: ...
+# LlmDataDist.metrics() / kvblocks.metrics() (README "Metrics"; C++: include/kvblocks/metrics.h).
+class KindMetrics(TypedDict):
+    kind: str  # pull_blocks, push_blocks, pull_cache, push_cache, pull_blocks_async, push_blocks_async,
+               # push_layerwise, hixl_read, hixl_write, hixl_read_async, hixl_write_async
+    count: int  # finished, any status
+    bytes: int  # moved by the successful ones
+    seconds_sum: float
+    status: Dict[str, int]  # "success", "timeout", "kv_cache_not_exist", ... -> count
+    buckets: List[int]  # per bucket of EngineMetrics.bucket_bounds, then +Inf (not cumulative)
+
+class PathMetrics(TypedDict):
+    path: str  # the path's name ("inprocess", "shm", "cma", "tcp", "ucx"); "none": failed before a path
+    in_flight: int
+    bytes_in: int
+    bytes_out: int
+    kinds: List[KindMetrics]
+
+class PeerMetrics(TypedDict):
+    peer: Optional[int]  # remote cluster id; None: calls that failed before finding a link
+    linked: bool
+    data_channels: int
+    links: int
+    relinks: int
+    unlinks: int
+    link_failures: int
+    link_breaks: int
+    notifies_sent: int
+    notifies_received: int
+    timeouts: int
+    paths: List[PathMetrics]
+
+class EngineMetrics(TypedDict):
+    version: int  # 1
+    cluster_id: int
+    caches: int
+    cache_bytes: int
+    bucket_bounds: List[float]  # upper bounds in seconds, 1e-6 .. 100, 4 per decade
+    peers: List[PeerMetrics]
 
 class LlmDataDist:
     @property
@@ -181,6 +219,7 @@ class LlmDataDist:
     @property
     def listen_address(self) -> Optional[str]: ...
     def link_path(self, cluster_id: int) -> str: ...
+    def metrics(self) -> EngineMetrics: ...
     def send_notify(self, cluster_id: int, name: Union[str, bytes], message: Union[str, bytes],
                     timeout_in_millis: int = ...) -> None: ...
     def get_notifies(self) -> List[Tuple[int, str, str]]: ...
@@ -189,6 +228,7 @@ class LlmDataDist:
     def _find_remote_cache(self, cluster_id: int, key: int) -> int: ...
     def _link_channels(self, cluster_id: int) -> int: ...
 
+def process_metrics() -> List[EngineMetrics]: ...
 def validate_blocks(src_blocks: _Blocks, dst_blocks: _Blocks, num_blocks: int) -> None: ...
 def _describe_arrays(arrays: Sequence[Any], placement: Optional[CachePlacement]) -> Tuple[CacheDesc, List[int], List[Any]]: ...
 def __getattr__(name: str) -> Any: ...

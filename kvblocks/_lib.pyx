@@ -19,6 +19,8 @@ from libcpp.vector cimport vector
 
 from kvblocks.includes.libkvblocks cimport *
 
+import json as _json
+
 from kvblocks import _errors
 from kvblocks._errors import Status as _Status
 
@@ -646,6 +648,15 @@ cdef class LlmDataDist:
             st = ImplAccess.PullRowToBlocks(self._impl.get()[0], src_index._c, c, dst, ext[0])
         check_status(st, b"pull_blocks")
 
+    def metrics(self):
+        """This engine's counters now: a plain dict (README "Metrics"; fields in ``_lib.pyi``).
+
+        Read without blocking transfers; counters only grow for the engine's life."""
+        cdef c_string s
+        with nogil:
+            s = ImplAccess.MetricsJson(self._impl.get()[0])
+        return _json.loads(s.decode())
+
     def _has_links(self):
         return ImplAccess.HasLinks(self._impl.get()[0])
 
@@ -794,3 +805,12 @@ cdef Status push_blocks_nogil(CLlmDataDist* dd, int64_t src_cache_id, uint32_t s
 include "_async.pxi"
 include "_hixl.pxi"
 include "_layerwise.pxi"
+
+
+def process_metrics():
+    """Every engine of this process (LlmDataDist and hixl engines alike): a list of the dicts
+    :meth:`LlmDataDist.metrics` returns. Takes no engine lock a transfer needs."""
+    cdef c_string s
+    with nogil:
+        s = ProcessMetricsJson()
+    return _json.loads(s.decode())

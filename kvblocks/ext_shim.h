@@ -19,6 +19,7 @@ inline const char *LastErrorMessage() noexcept { return ""; }
 // CANN logs through its own facility: there is no runtime log to route.
 using LogCallback = void (*)(void *user, int level, const char *message);
 inline void SetLogCallback(LogCallback, void *) noexcept {}
+inline std::string ProcessMetricsJson() noexcept { return "[]"; }
 // Asynchronous transfers are a kvblocks runtime feature: against CANN no handle is ever valid.
 class TransferHandle {
  public:
@@ -76,6 +77,8 @@ struct ImplAccess {
   static const char *LinkFailureReasonName(LinkFailureReason) noexcept { return "other"; }
   static std::string ListenAddress(llm_datadist::LlmDataDist &) noexcept { return ""; }
   static bool HasLinks(llm_datadist::LlmDataDist &) { return false; }
+  // Metrics are the kvblocks runtime's: against CANN there are none.
+  static std::string MetricsJson(llm_datadist::LlmDataDist &) noexcept { return "{}"; }
   static llm_datadist::Status SetBatchKeys(llm_datadist::LlmDataDist &, int64_t, const std::vector<int64_t> &) noexcept {
     return llm_datadist::LLM_FEATURE_NOT_ENABLED;
   }

@@ -8,8 +8,8 @@ and then answers commands such as ``{"op": "link", ...}``, ``{"op": "pull", ...}
 ``{"op": "digest"}``, ``{"op": "alloc", "name": ..., "seed": ...}`` (another cache, after the
 link say; optionally with a cache ``key`` and batch ``keys``), ``{"op": "find_key", ...}``,
 ``{"op": "unbind", ...}``, ``{"op": "heap", "size": n}`` (a buffer it never registers),
-``{"op": "secret", "hex": ...}`` (another, holding ``hex``), ``{"op": "path", "cluster": id}`` and
-``{"op": "exit"}`` one line each.
+``{"op": "secret", "hex": ...}`` (another, holding ``hex``), ``{"op": "path", "cluster": id}``,
+``{"op": "metrics"}``, ``{"op": "serve_metrics"}`` and ``{"op": "exit"}`` one line each.
 """
 import argparse
 import ctypes
@@ -145,6 +145,10 @@ def main() -> int:
                 reply({"addr": heap.ctypes.data, "hex": heap.tobytes().hex()})
             elif op == "path":
                 reply({"path": dd.link_path(cmd["cluster"])})
+            elif op == "metrics":  # this engine's snapshot (README "Metrics")
+                reply({"metrics": dd.metrics()})
+            elif op == "serve_metrics":  # kvblocks.serve_metrics on a free port: its port
+                reply({"port": kb.serve_metrics(0).server_port})
             else:
                 reply({"error": f"unknown op {op}"})
         except kb.LLMException as e:

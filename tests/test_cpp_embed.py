@@ -68,7 +68,7 @@ def test_prompt_and_decoder_processes(programs, tmp_path):
     # If one program fails, run_together fails at once instead of waiting for the other's barrier timeout.
     outs = run_together([[programs[n], str(port), str(tmp_path)] for n in ("prompt", "decoder")], 90,
                         ["prompt", "decoder"], env=env)
-    assert "pull verified" in outs[1] and "push verified" in outs[1]
+    assert "pull verified" in outs[1] and "push verified" in outs[1] and "metrics verified" in outs[1]
 
 
 @pytest.fixture(scope="module")

@@ -38,3 +38,10 @@ print('numpy' in sys.modules)
 d.finalize()
 """
     assert run(code).split() == ["False", "True"]
+
+
+def test_import_and_metrics_leave_prometheus_client_out():
+    """kvblocks[prometheus] is optional: neither `import kvblocks` nor kvblocks.metrics() loads it."""
+    code = ("import sys, kvblocks; kvblocks.metrics(); "
+            "print('prometheus_client' in sys.modules, 'kvblocks.prometheus' in sys.modules)")
+    assert run(code) == "False False"

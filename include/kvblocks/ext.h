@@ -14,6 +14,7 @@
 #include "kvblocks/ext_types.h"
 #include "kvblocks/layerwise.h"
 #include "kvblocks/log.h"
+#include "kvblocks/metrics.h"
 #include "llm_datadist/llm_datadist.h"
 
 namespace kvblocks {
@@ -74,6 +75,9 @@ struct KVBLOCKS_API ImplAccess {
   // The address the listener is bound to ("ip:port" or "[ip6]:port"), with the port the kernel
   // chose when llm.ListenIpInfo gave port 0; "" when this engine does not listen.
   static std::string ListenAddress(llm_datadist::LlmDataDist &dd) noexcept;
+  // This engine's counters now (include/kvblocks/metrics.h), and the same as one JSON object.
+  static EngineMetrics Metrics(llm_datadist::LlmDataDist &dd) noexcept;
+  static std::string MetricsJson(llm_datadist::LlmDataDist &dd) noexcept;
 
   // Asynchronous PullKvBlocks / PushKvBlocks (include/kvblocks/async.h). Every check of the
   // synchronous call runs here, with its statuses; on LLM_SUCCESS `out` is the in-flight transfer,

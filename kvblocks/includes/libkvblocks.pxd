@@ -150,6 +150,7 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         CLinkFailureReason reason
         Status status
         c_string message
+    c_string ProcessMetricsJson "kvblocks::ProcessMetricsJson"() noexcept
     Status PullBlocksRaw "kvblocks::PullBlocksRaw"(CLlmDataDist& dd, const CCacheIndex& src, const CCache& dst,
                                                    const uint64_t* sb, const uint64_t* db, size_t n,
                                                    const CKvCacheExtParam& ext) noexcept
@@ -260,6 +261,8 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         c_string ListenAddress(CLlmDataDist& dd) except +
         @staticmethod
         c_bool HasLinks(CLlmDataDist& dd)
+        @staticmethod
+        c_string MetricsJson(CLlmDataDist& dd) noexcept
         @staticmethod
         Status SetBatchKeys(CLlmDataDist& dd, int64_t cache_id, const vector[int64_t]& keys) noexcept
         @staticmethod

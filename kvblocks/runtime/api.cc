@@ -167,6 +167,19 @@ int ImplAccess::LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id)
     return 0;
   }
 }
+EngineMetrics ImplAccess::Metrics(llm_datadist::LlmDataDist &dd) noexcept {
+  EngineMetrics m;
+  try {
+    dd.impl_->Metrics(&m);
+  } catch (...) {
+    m.peers.clear();
+  }
+  return m;
+}
+std::string ImplAccess::MetricsJson(llm_datadist::LlmDataDist &dd) noexcept {
+  std::string s = kvblocks::MetricsJson({Metrics(dd)});  // "[{...}]"
+  return s.size() >= 2 ? s.substr(1, s.size() - 2) : "{}";
+}
 
 }  // namespace kvblocks
 

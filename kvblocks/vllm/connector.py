@@ -62,6 +62,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvblocks as kb
 from kvblocks.vllm._sidechannel import Handoffs, Refused, SideChannelClient, SideChannelServer
+from kvblocks.vllm.stats import EngineDelta, KvblocksConnectorStats, KvblocksPromMetrics
 
 if TYPE_CHECKING:
     from vllm.attention.backends.abstract import AttentionMetadata
@@ -290,6 +291,20 @@ class KvblocksConnector(KVConnectorBase_V1):
         assert self._worker is not None
         return self._worker.take_load_errors()
 
+    def get_kv_connector_stats(self) -> Optional[KvblocksConnectorStats]:
+        """This interval's pulls and kvblocks engine counters (vLLM logs them and shows them on /metrics
+        as ``vllm:kvblocks_*``); None when nothing happened, and on the scheduler side."""
+        return self._worker.take_stats() if self._worker is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[Dict[str, Any]] = None) -> KvblocksConnectorStats:
+        return KvblocksConnectorStats(data=data) if data is not None else KvblocksConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: "VllmConfig", metric_types: Dict[Any, Any], labelnames: List[str],
+                           per_engine_labelvalues: Dict[int, List[object]]) -> KvblocksPromMetrics:
+        return KvblocksPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
     def shutdown(self) -> None:
         """Stop the pull threads and the side channel, release the kvblocks engine."""
         if self._worker is not None:
@@ -489,6 +504,9 @@ class _WorkerSide:
             threading.Thread(target=self._notify_loop, name="kvblocks-vllm-done", daemon=True).start()
         self.layout: Dict[str, Any] = {}
         self.pull_seconds: List[float] = []  # per successful pull, for stats and tests
+        self._stats = KvblocksConnectorStats()  # this interval's (under _lock)
+        self._engine_delta = EngineDelta()
+        self._stats_polled = 0.0  # when the engine's counters were last read
 
     # -------------------------------------------------------------- setup
 
@@ -562,6 +580,17 @@ class _WorkerSide:
             self._load_errors_out |= self._load_errors
             self._load_errors = set()
         return sending, recving
+
+    def take_stats(self) -> Optional[KvblocksConnectorStats]:
+        """The interval's stats, with the engine's counter growth read after a pull or once a second
+        (the model runner asks every step; a snapshot costs microseconds, not nothing)."""
+        with self._lock:
+            now = time.monotonic()
+            if self._stats.data["pull_duration"] or self._stats.data["num_failed_pulls"] or \
+                    now - self._stats_polled >= 1.0:
+                self._stats_polled = now
+                self._stats.record_engine(self._engine_delta.take(self.dd.metrics()))
+            return None if self._stats.is_empty() else self._stats.clone_and_reset()
 
     def take_load_errors(self) -> Set[int]:
         with self._lock:
@@ -645,8 +674,11 @@ class _WorkerSide:
             with self._lock:
                 if ok:
                     self.pull_seconds.append(took)
+                    self._stats.record_pull(took, len(job.remote_block_ids) * self.layout.get("block_bytes", 0)
+                                            * self.layout.get("num_tensors", 0))
                 else:
                     self._load_errors.update(job.local_block_ids)
+                    self._stats.record_failed_pull()
                 self._recv_done.add(job.req_id)
         if p is not None:
             self._notify_q.put((p, str(info.get("request_id"))))

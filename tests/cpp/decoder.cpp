@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "common.h"
+#include "kvblocks/ext.h"
+#include "kvblocks/metrics.h"
 #include "llm_datadist/llm_datadist.h"
 
 using namespace llm_datadist;
@@ -25,6 +27,26 @@ constexpr int NUM_TENSORS = 4;
       return 1;                                                                          \
     }                                                                                    \
   } while (0)
+// The pull above in this engine's metrics (include/kvblocks/metrics.h): one success on the link's
+// path, 4 blocks x 64 bytes x 4 tensors, one histogram entry; and this process has one engine.
+bool MetricsShowPull(LlmDataDist &dd) {
+  const kvblocks::EngineMetrics m = kvblocks::ImplAccess::Metrics(dd);
+  const std::string path = kvblocks::ImplAccess::LinkPath(dd, PROMPT_CLUSTER_ID);
+  uint64_t count = 0, bytes = 0, hist = 0;
+  for (const auto &peer : m.peers)
+    for (const auto &p : peer.paths)
+      for (const auto &k : p.kinds)
+        if (peer.cluster_id == PROMPT_CLUSTER_ID && p.path == path && k.kind == "pull_blocks") {
+          count += k.status.count("success") ? k.status.at("success") : 0;
+          bytes += k.bytes;
+          for (uint64_t n : k.buckets) hist += n;
+        }
+  const bool ok = m.version == kvblocks::kMetricsVersion && m.cluster_id == DECODER_CLUSTER_ID && count == 1 &&
+                  bytes == 4 * 64 * NUM_TENSORS && hist == 1 && kvblocks::ProcessMetrics().size() == 1 &&
+                  kvblocks::ProcessMetricsJson().find("\"pull_blocks\"") != std::string::npos;
+  std::printf(ok ? "[decoder] metrics verified (%s)\n" : "[decoder] metrics wrong (%s)\n", path.c_str());
+  return ok;
+}
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -83,6 +105,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   std::printf("[decoder] pull verified\n");
+  if (!MetricsShowPull(llm_datadist)) return 1;
   Signal(sync, "decoder_pulled");
   if (!WaitFor(sync, "prompt_pushed")) return 1;
   const int order[4] = {3, 2, 1, 0};  // dst block d holds src block order[d]

@@ -6,6 +6,9 @@ Usage: ``python engine_proc.py MODEL_DIR CONFIG_JSON``. CONFIG_JSON holds ``kv_t
 
 * ``{"op": "generate", "prompts": [[ids...], ...], "max_tokens": n, "params": [dict|null, ...]}``
   answers ``{"tokens": [[ids...], ...], "kv_transfer_params": [...], "seconds": s}``;
+* ``{"op": "metrics", "prefix": "vllm:kvblocks"}`` answers ``{"lines": [...]}``: the lines of the
+  Prometheus exposition (what vLLM's ``/metrics`` serves) starting with ``prefix`` (needs
+  ``"log_stats": true`` in CONFIG_JSON);
 * ``{"op": "quit"}`` exits.
 
 The first line written is ``{"ready": true}`` once the engine is up. Anything else vLLM prints goes to
@@ -55,6 +58,8 @@ def main() -> None:
     from vllm.config import KVTransferConfig
 
     kw = {}
+    if cfg.get("log_stats"):
+        kw["disable_log_stats"] = False
     if cfg.get("kv_transfer"):
         kw["kv_transfer_config"] = KVTransferConfig(**cfg["kv_transfer"])
     llm = LLM(model=model_dir, skip_tokenizer_init=True, block_size=32, enforce_eager=True,
@@ -65,6 +70,11 @@ def main() -> None:
         cmd = json.loads(line)
         if cmd["op"] == "quit":
             break
+        if cmd["op"] == "metrics":
+            from prometheus_client import REGISTRY, generate_latest
+            lines = [x for x in generate_latest(REGISTRY).decode().splitlines() if x.startswith(cmd["prefix"])]
+            real_stdout.write(json.dumps({"lines": lines}) + "\n")
+            continue
         prompts = [{"prompt_token_ids": p} for p in cmd["prompts"]]
         params = cmd.get("params") or [None] * len(prompts)
         sps = [SamplingParams(temperature=0.0, max_tokens=cmd["max_tokens"], ignore_eos=True,

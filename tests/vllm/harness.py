@@ -29,7 +29,8 @@ class Engine:
     """One engine process (its own session, so it can be frozen or killed with all its children)."""
 
     def __init__(self, name: str, model_dir: str, kv_transfer: Optional[Dict[str, Any]], cpu: int,
-                 env: Optional[Dict[str, str]] = None, log_dir: Optional[str] = None, prefix_caching: bool = True):
+                 env: Optional[Dict[str, str]] = None, log_dir: Optional[str] = None, prefix_caching: bool = True,
+                 log_stats: bool = False):
         self.name = name
         e = dict(os.environ)
         e.update({"VLLM_CPU_OMP_THREADS_BIND": str(cpu), "PYTHONPATH": HERE + os.pathsep + e.get("PYTHONPATH", ""),
@@ -38,7 +39,7 @@ class Engine:
         e.update(env or {})
         self.log_path = os.path.join(log_dir or "/tmp", f"vllm-{name}-{os.getpid()}.log")
         self._log = open(self.log_path, "w")
-        cfg = {"kv_transfer": kv_transfer, "prefix_caching": prefix_caching}
+        cfg = {"kv_transfer": kv_transfer, "prefix_caching": prefix_caching, "log_stats": log_stats}
         self.proc = subprocess.Popen([sys.executable, ENGINE, model_dir, json.dumps(cfg)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, env=e, text=True, bufsize=1,
                                      start_new_session=True)
@@ -70,6 +71,16 @@ class Engine:
         except BrokenPipeError:
             raise self._exited() from None
         return self._readline(timeout)
+
+    def metrics(self, prefix: str = "vllm:kvblocks", timeout: float = 60) -> List[str]:
+        """Lines of vLLM's Prometheus exposition (its /metrics) starting with ``prefix``."""
+        self.wait_ready()
+        try:
+            self.proc.stdin.write(json.dumps({"op": "metrics", "prefix": prefix}) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._exited() from None
+        return self._readline(timeout)["lines"]
 
     def _exited(self) -> EngineExited:
         return EngineExited(f"{self.name} exited ({self.proc.poll()}); log {self.log_path}:\n{self.tail()}")

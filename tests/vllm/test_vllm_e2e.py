@@ -26,7 +26,8 @@ except Exception as e:  # noqa: BLE001
                 "pip uninstall -y torchvision torchaudio torchcodec", allow_module_level=True)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Engine, EngineExited, free_port, kvblocks_config, make_model, median, nixl_config  # noqa: E402
+from harness import (Engine, EngineExited, free_port, kvblocks_config, make_model, median, nixl_config,  # noqa: E402
+                     wait_until)
 
 pytestmark = pytest.mark.vllm
 
@@ -82,13 +83,13 @@ def reference(workdir):
 @pytest.fixture(scope="module")
 def kvb_pair(workdir, reference):
     port = free_port(2)
-    env_d = {"KVB_TIMING_FILE": str(workdir / "kvb_recv.jsonl")}
+    env_d = {"KVB_TIMING_FILE": str(workdir / "kvb_recv.jsonl"), "KVB_STATS_FILE": str(workdir / "kvb_stats.jsonl")}
     env_p = {"KVB_SEND_FILE": str(workdir / "kvb_send.jsonl")}
     p = Engine("kvb-prefill", str(workdir / "model"),
                kvblocks_config("kv_producer", port, abort_timeout_s=LEASE_S), 0, env_p, str(workdir))
     d = Engine("kvb-decode", str(workdir / "model"),
                kvblocks_config("kv_consumer", pull_timeout_ms=PULL_TIMEOUT_MS, link_timeout_ms=PULL_TIMEOUT_MS,
-                               _test_reverse_blocks="per_request"), 1, env_d, str(workdir))
+                               _test_reverse_blocks="per_request"), 1, env_d, str(workdir), log_stats=True)
     yield from serve_pair(p, d)
 
 
@@ -158,6 +159,38 @@ def test_handoff_time_kvblocks(kvb_pair, workdir):
     assert len(sent) >= N_BENCH
     assert median(sent) < LEASE_S / 3, sent
     assert "no decode pulled its blocks" not in open(p.log_path).read()
+
+
+def _sample(lines, name):
+    return sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.split("{")[0] == name)
+
+
+def test_connector_stats_after_real_pulls(kvb_pair, workdir):
+    """KvblocksConnector's KVConnectorStats after real pulls: one successful pull per request, its bytes
+    those the kvblocks engine counted coming in, nothing failed; and the same on vLLM's Prometheus
+    exposition (the registry its /metrics serves) as vllm:kvblocks_*."""
+    p, d = kvb_pair
+    path = workdir / "kvb_stats.jsonl"
+    before = read_jsonl(path)
+    batch = prompts(12, [100, 70])
+    handoff(p, d, batch)
+    assert wait_until(lambda: sum(len(x["pull_duration"]) for x in read_jsonl(path)[len(before):]) >= 2, 10)
+    new = read_jsonl(path)[len(before):]
+    pulls = [b for x in new for b in x["pull_bytes"]]
+    eng = {k: sum(x["engine"].get(k, 0) for x in new) for k in ("bytes_in", "transfers", "transfers_failed")}
+    layout = 2 * 2 * 32 * 32 * 2  # a block of one layer: K and V x 32 tokens x 2 KV heads x head 32 x bf16
+    assert len(pulls) == 2 and all(b > 0 and b % layout == 0 for b in pulls), pulls
+    assert eng["bytes_in"] == sum(pulls) and eng["transfers"] == 2 and eng["transfers_failed"] == 0, eng
+    assert sum(x["num_failed_pulls"] for x in new) == 0
+    everything = read_jsonl(path)
+    lines = d.metrics()
+    with open(workdir / "vllm_metrics.txt", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\nvLLM /metrics, vllm:kvblocks_*:\n" + "\n".join(x for x in lines if "_bucket" not in x))
+    assert _sample(lines, "vllm:kvblocks_pull_time_seconds_count") == sum(len(x["pull_duration"]) for x in everything)
+    assert _sample(lines, "vllm:kvblocks_pulled_bytes_total") == sum(sum(x["pull_bytes"]) for x in everything)
+    assert _sample(lines, "vllm:kvblocks_bytes_in_total") == sum(x["engine"].get("bytes_in", 0) for x in everything)
+    assert _sample(lines, "vllm:kvblocks_links_total") == 1
 
 
 @pytest.fixture(scope="module")

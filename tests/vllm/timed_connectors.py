@@ -5,7 +5,7 @@ Both subclasses time, in the decode's scheduler, from the moment the engine gets
 (``on_new_request``) to the step whose worker output reports its KV landed (``finished_recving`` in
 ``update_connector_output``), and append ``{"req": id, "seconds": s}`` lines to the file named by
 ``KVB_TIMING_FILE``. On a prefill they time from ``request_finished`` (blocks kept) to ``finished_sending``
-(blocks freed) into ``KVB_SEND_FILE``. Load with ``kv_connector_module_path="timed_connectors"`` (this folder on PYTHONPATH).
+(blocks freed) into ``KVB_SEND_FILE``. ``KVB_STATS_FILE`` gets each KVConnectorStats the scheduler receives. Load with ``kv_connector_module_path="timed_connectors"`` (this folder on PYTHONPATH).
 """
 import json
 import os
@@ -28,6 +28,10 @@ class _Timed:
 
     def update_connector_output(self, connector_output):
         now = time.perf_counter()
+        stats, path = connector_output.kv_connector_stats, os.environ.get("KVB_STATS_FILE")
+        if stats is not None and path:  # what the workers reported, as vLLM's scheduler received it
+            with open(path, "a") as f:
+                f.write(json.dumps(stats.data) + "\n")
         for ids, store, var in ((connector_output.finished_recving, "_t0", "KVB_TIMING_FILE"),
                                 (connector_output.finished_sending, "_tf", "KVB_SEND_FILE")):
             path = os.environ.get(var)

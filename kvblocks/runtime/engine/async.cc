@@ -16,6 +16,7 @@
 #include "common/limits.h"
 #include "common/util.h"
 #include "engine/engine.h"
+#include "engine/transfer.h"
 #include "kvblocks/async.h"
 #include "transport/path.h"
 
@@ -251,6 +252,7 @@ class PoolFeed : public PipeFeed {
   void Complete(AsyncPool::Job job, Status st) {
     // The running path belongs to the link, which the last transfer may be the last to hold.
     if (!link_) link_ = pool_->impl_->LinkOf(job.t.get());
+    pool_->impl_->Tally(job.t.get(), st);
     job.t.reset();  // releases the engine, cache and link locks before anyone is woken
     job.s->Complete(st, LastErrorMessage());
     ClearLastError();
@@ -296,6 +298,7 @@ void Impl::RunDetached(TransferPtr t, bool pull, const std::shared_ptr<TransferS
   } catch (...) {
     st = Fail(LLM_FAILED, "internal error");
   }
+  Tally(t.get(), st);
   t.reset();  // releases the engine, cache and link locks before anyone is woken
   s->Complete(st, LastErrorMessage());
 }
@@ -320,10 +323,11 @@ Status Impl::SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *o
   prepared.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     TransferPtr t = NewTransfer();
+    t->kind = reqs[i].pull ? metrics::kPullBlocksAsync : metrics::kPushBlocksAsync;
     const Status st = PrepareBlocks(t.get(), reqs[i]);
     if (st != LLM_SUCCESS) {
       *failed = i;
-      return st;  // `prepared` holds no lock: nothing was submitted
+      return Tally(t.get(), st);  // `prepared` holds no lock: nothing was submitted
     }
     Detach(t.get());
     prepared.push_back(std::move(t));
@@ -336,12 +340,13 @@ Status Impl::SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *o
 Status Impl::SubmitOne(bool pull, const CacheIndex &remote, const Cache &local, const std::vector<uint64_t> &src_blocks,
                        const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext, TransferHandle *out) {
   TransferPtr t = NewTransfer();
+  t->kind = pull ? metrics::kPullBlocksAsync : metrics::kPushBlocksAsync;
   Status st = PrepareBlocks(t.get(), pull, remote, local, src_blocks, dst_blocks, ext);
-  if (st != LLM_SUCCESS) return st;
+  if (st != LLM_SUCCESS) return Tally(t.get(), st);
   if (InlineCopy(t.get())) {
     // A copy this small costs less than handing it to a worker (a futex wake-up and a switch):
     // it runs here, with the locks the checks took, and the handle is returned done.
-    st = Execute(t.get(), pull);
+    st = Tally(t.get(), Execute(t.get(), pull));
     t.reset();
     auto s = std::make_shared<TransferState>();
     s->Complete(st, LastErrorMessage());

@@ -23,6 +23,7 @@
 #include "kvblocks/ext.h"
 #include "kvblocks/rules.h"
 #include "link/registry.h"
+#include "metrics/stats.h"
 #include "transport/local_peer.h"
 #include "llm_datadist/llm_datadist.h"
 
@@ -122,6 +123,8 @@ class Impl {
   // One request, without copying its lists into a BlocksRequest (the submission fast path).
   Status SubmitOne(bool pull, const CacheIndex &remote, const Cache &local, const std::vector<uint64_t> &src_blocks,
                    const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext, TransferHandle *out);
+  // metrics/engine_metrics.cc: this engine's counters now (include/kvblocks/metrics.h).
+  void Metrics(EngineMetrics *out);
 
  private:
   bool initialized() const { return initialized_.load(std::memory_order_acquire); }
@@ -170,6 +173,12 @@ class Impl {
   Status ExecuteOne(Transfer *t, bool pull);
   Status PullIntoBlocks(Transfer *t, const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &dst_blocks,
                         const KvCacheExtParam &ext, bool *explicit_range, TensorSpan *span);
+  Status PullCacheOn(Transfer &t, const CacheIndex &src, const Cache &dst, uint32_t batch_index, int64_t size,
+                     const KvCacheExtParam &ext);
+  Status PushCacheOn(Transfer &t, const Cache &src, const CacheIndex &dst, uint32_t src_batch_index, int64_t size,
+                     const KvCacheExtParam &ext);
+  Status PullRowToBlocksOn(Transfer &t, const CacheIndex &src, const Cache &dst,
+                           const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext);
   Status PreparePullBlocks(Transfer &t, const CacheIndex &src, const Cache &dst,
                            const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
                            const KvCacheExtParam &ext);
@@ -207,6 +216,9 @@ class Impl {
   Status ResumeDetached(Transfer *t, bool pull);
   Status ConcludeDetached(Transfer *t, bool pull, Status st);
   Status Conclude(Transfer *t, bool pull, Status st);
+  // metrics/engine_metrics.cc: counts a transfer's end (its kind, path, peer, bytes, latency); returns st.
+  Status Tally(const Transfer *t, Status st);
+  Status TallyLink(uint64_t cluster_id, Status st);  // a link attempt's end; returns st
   const void *PipelineKey(const Transfer *t, bool pull);
   bool BriefCopy(const Transfer *t);
   bool InlineCopy(const Transfer *t);
@@ -262,6 +274,8 @@ class Impl {
   size_t max_links_ = kDefaultMaxLinks;                 // kvblocks.MaxLinks
   size_t max_links_per_peer_ = kDefaultMaxLinksPerPeer;  // kvblocks.MaxLinksPerPeer
 
+  // Declared before the thread pools, which count the transfers they finish here.
+  metrics::EngineStats stats_;
   CacheRegistry caches_;
   // Handshakes hold it shared from snapshotting our cache table until their link is registered;
   // unregister takes it once, exclusively, so every link that may have seen a cache is asked.

@@ -53,9 +53,11 @@ Impl::Impl(uint64_t cluster_id, LlmRole role) : cluster_id_(cluster_id), role_(r
   RandomBytes(&instance_token_, sizeof(instance_token_));
   RandomBytes(&probe_value_, sizeof(probe_value_));
   RegisterInstance(instance_token_);
+  RegisterEngine(this);
 }
 
 Impl::~Impl() {
+  UnregisterEngine(this);  // waits for a snapshot of this engine in progress
   Finalize();
   UnregisterInstance(instance_token_);
 }

@@ -170,6 +170,7 @@ LocalFds Impl::OurMemfds(const std::vector<TableEntry> &caches, std::vector<std:
 std::shared_ptr<struct Link> Impl::NewLink(uint64_t remote_cluster_id, LinkInfo *info) {
   auto link = std::make_shared<struct Link>();
   link->remote_cluster_id = remote_cluster_id;
+  link->stats = stats_.Peer(remote_cluster_id);
   link->peer = info->identity;
   link->capabilities = info->capabilities & OfferedCapabilities(transport_, ucx_trusted_);
   for (TableEntry &e : info->caches) link->caches.emplace(e.id, RemoteCache(std::move(e)));
@@ -564,7 +565,8 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
 Status Impl::Link(const std::vector<ClusterInfo> &clusters, std::vector<Status> &rets, int32_t timeout_ms) {
   std::shared_lock<std::shared_mutex> lk(state_mu_);
   if (!initialized()) return Fail(LLM_FAILED, "link_llm_clusters: the engine is not initialized");
-  return EachCluster(clusters, rets, timeout_ms, true, [&](const ClusterInfo &c) { return LinkOne(c, timeout_ms); });
+  return EachCluster(clusters, rets, timeout_ms, true,
+                     [&](const ClusterInfo &c) { return TallyLink(c.remote_cluster_id, LinkOne(c, timeout_ms)); });
 }
 
 // Links are keyed by cluster id, so remote_cluster_id alone names the link to drop (CANN's hixl
@@ -577,6 +579,7 @@ Status Impl::UnlinkOne(const ClusterInfo &ci, int32_t timeout_ms, bool force) {
   auto link = links_.Find(ci.remote_cluster_id);
   if (!link) return LLM_SUCCESS;
   if (force || !link->alive.load()) {
+    if (link->alive.exchange(false)) metrics::Add(link->stats->unlinks);  // an unlink, not a break
     DropLink(link);
     return LLM_SUCCESS;
   }
@@ -594,6 +597,7 @@ Status Impl::UnlinkOne(const ClusterInfo &ci, int32_t timeout_ms, bool force) {
     // the control connection before its acknowledgement reaches us (or the close resets it).
     acked = link->unlink_acked || !link->alive.load();
   }
+  if (link->alive.exchange(false)) metrics::Add(link->stats->unlinks);
   DropLink(link);
   if (acked) return LLM_SUCCESS;
   return Fail(LLM_UNLINK_FAILED, "cluster %llu did not acknowledge the unlink",
@@ -620,7 +624,7 @@ Status Impl::LinkAddress(uint64_t remote_cluster_id, const std::string &ip, uint
   remote.port = port;
   ci.remote_ip_infos.push_back(remote);
   ci.local_ip_infos.push_back(IpInfo());
-  return LinkOne(ci, timeout_ms);
+  return TallyLink(remote_cluster_id, LinkOne(ci, timeout_ms));
 }
 
 Status Impl::UnlinkCluster(uint64_t remote_cluster_id, int32_t timeout_ms) {

@@ -43,6 +43,7 @@ Status Impl::SendNotify(uint64_t cluster_id, const std::string &name, const std:
     if (it != link->notify_acks.end()) {
       const uint32_t st = it->second;
       link->notify_acks.erase(it);
+      if (st == LLM_SUCCESS) metrics::Add(link->stats->notifies_sent);
       if (st == LLM_SUCCESS) return LLM_SUCCESS;
       return Fail(LLM_LINK_BUSY, "cluster %llu holds %zu undelivered notifications; retry later",
                   static_cast<unsigned long long>(cluster_id), kMaxQueuedNotifies);
@@ -85,6 +86,7 @@ void Impl::OnNotify(const std::shared_ptr<struct Link> &link, uint16_t type, con
       ack.status = LLM_LINK_BUSY;
     } else {
       notifies_.push_back(NotifyMessage{link->remote_cluster_id, std::move(m.name), std::move(m.message)});
+      metrics::Add(link->stats->notifies_received);
     }
   }
   std::string out;

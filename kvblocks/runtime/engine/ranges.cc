@@ -159,17 +159,20 @@ Status Impl::PrepareRanges(Transfer *t, uint64_t cluster_id, bool read, const Ad
 Status Impl::TransferRanges(uint64_t cluster_id, bool read, const AddrRange *ranges, size_t n, int64_t timeout_ms) {
   const int64_t ms = timeout_ms < 0 ? wait_time_ms_ : timeout_ms;
   Transfer t;
-  const Status st = PrepareRanges(&t, cluster_id, read, ranges, n, NowNs() + ms * kMsNs);
-  if (st != LLM_SUCCESS) return st;
-  return Execute(&t, read);
+  t.kind = read ? metrics::kHixlRead : metrics::kHixlWrite;
+  t.start_ns = NowNs();
+  const Status st = PrepareRanges(&t, cluster_id, read, ranges, n, t.start_ns + ms * kMsNs);
+  return Tally(&t, st != LLM_SUCCESS ? st : Execute(&t, read));
 }
 
 Status Impl::SubmitRanges(uint64_t cluster_id, bool read, const AddrRange *ranges, size_t n, int64_t timeout_ms,
                           TransferHandle *out) {
   const int64_t budget = timeout_ms < 0 ? kRangesAsyncDeadlineNs : timeout_ms * kMsNs;
   TransferPtr t = NewTransfer();
-  const Status st = PrepareRanges(t.get(), cluster_id, read, ranges, n, NowNs() + budget);
-  if (st != LLM_SUCCESS) return st;
+  t->kind = read ? metrics::kHixlReadAsync : metrics::kHixlWriteAsync;
+  t->start_ns = NowNs();
+  const Status st = PrepareRanges(t.get(), cluster_id, read, ranges, n, t->start_ns + budget);
+  if (st != LLM_SUCCESS) return Tally(t.get(), st);
   Detach(t.get());
   SubmitPrepared(std::move(t), read, out);
   return LLM_SUCCESS;

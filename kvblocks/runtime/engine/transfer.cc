@@ -97,9 +97,10 @@ Status CheckStrides(uint64_t local, const RemoteCache &rc) {
 
 // ------------------------------------------------------------------ shared steps
 Status Impl::Begin(Transfer *t, bool pull) {
+  t->start_ns = NowNs();
   t->state = std::shared_lock<std::shared_mutex>(state_mu_);
   if (!initialized()) return Fail(LLM_FAILED, "the engine is not initialized");
-  t->deadline = NowNs() + wait_time_ms_ * kMsNs;
+  t->deadline = t->start_ns + wait_time_ms_ * kMsNs;
   return CheckRole(pull) != LLM_SUCCESS ? LLM_PARAM_INVALID : LLM_SUCCESS;
 }
 
@@ -150,6 +151,7 @@ Status Impl::Execute(Transfer *t, bool pull) {
 Status Impl::ExecuteOne(Transfer *t, bool pull) {
   CacheUse use(*t->local);
   if (!use.ok) return Fail(LLM_KV_CACHE_NOT_EXIST, "local cache %lld was unregistered", static_cast<long long>(t->local->id));
+  metrics::Busy busy(t->link->stats->Path(t->remote->path->name()));
   return Conclude(t, pull, t->remote->path->Execute(t->plan, *t->local, pull, t->deadline));
 }
 
@@ -173,7 +175,7 @@ Status Impl::PullBlocks(const CacheIndex &src, const Cache &dst, const std::vect
                         const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext) {
   Transfer t;
   const Status st = PreparePullBlocks(t, src, dst, src_blocks, dst_blocks, ext);
-  return st != LLM_SUCCESS ? st : Execute(&t, true);
+  return Tally(&t, st != LLM_SUCCESS ? st : Execute(&t, true));
 }
 
 Status Impl::PreparePullBlocks(Transfer &t, const CacheIndex &src, const Cache &dst,
@@ -201,8 +203,9 @@ Status Impl::PreparePullBlocks(Transfer &t, const CacheIndex &src, const Cache &
 Status Impl::PushBlocks(const Cache &src, const CacheIndex &dst, const std::vector<uint64_t> &src_blocks,
                         const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext) {
   Transfer t;
+  t.kind = metrics::kPushBlocks;
   const Status st = PreparePushBlocks(t, src, dst, src_blocks, dst_blocks, ext);
-  return st != LLM_SUCCESS ? st : Execute(&t, false);
+  return Tally(&t, st != LLM_SUCCESS ? st : Execute(&t, false));
 }
 
 Status Impl::PreparePushBlocks(Transfer &t, const Cache &src, const CacheIndex &dst,
@@ -234,6 +237,19 @@ Status Impl::PreparePushBlocks(Transfer &t, const Cache &src, const CacheIndex &
 Status Impl::PullCache(const CacheIndex &src, const Cache &dst, uint32_t batch_index, int64_t size,
                        const KvCacheExtParam &ext) {
   Transfer t;
+  t.kind = metrics::kPullCache;
+  return Tally(&t, PullCacheOn(t, src, dst, batch_index, size, ext));
+}
+
+Status Impl::PushCache(const Cache &src, const CacheIndex &dst, uint32_t src_batch_index, int64_t size,
+                       const KvCacheExtParam &ext) {
+  Transfer t;
+  t.kind = metrics::kPushCache;
+  return Tally(&t, PushCacheOn(t, src, dst, src_batch_index, size, ext));
+}
+
+Status Impl::PullCacheOn(Transfer &t, const CacheIndex &src, const Cache &dst, uint32_t batch_index, int64_t size,
+                         const KvCacheExtParam &ext) {
   Status st;
   if ((st = Begin(&t, true)) != LLM_SUCCESS) return st;
   if (size != -1 && size <= 0) return Fail(LLM_PARAM_INVALID, "size=%lld must be -1 or > 0", (long long)size);
@@ -266,9 +282,8 @@ Status Impl::PullCache(const CacheIndex &src, const Cache &dst, uint32_t batch_i
   return Execute(&t, true);
 }
 
-Status Impl::PushCache(const Cache &src, const CacheIndex &dst, uint32_t src_batch_index, int64_t size,
-                       const KvCacheExtParam &ext) {
-  Transfer t;
+Status Impl::PushCacheOn(Transfer &t, const Cache &src, const CacheIndex &dst, uint32_t src_batch_index,
+                         int64_t size, const KvCacheExtParam &ext) {
   Status st;
   if ((st = Begin(&t, false)) != LLM_SUCCESS) return st;
   if ((st = CheckPushSource(src)) != LLM_SUCCESS) return st;
@@ -459,7 +474,9 @@ Status Impl::AddLayerPiece(Transfer *base, const LayerPiece &pc, std::vector<Tra
 Status Impl::ExecuteLayer(Transfer *t, Plan *plan, int64_t deadline) {
   std::swap(t->plan, *plan);
   t->deadline = deadline;
-  const Status st = ExecuteDetached(t, false);
+  t->start_ns = NowNs();
+  t->kind = metrics::kPushLayerwise;
+  const Status st = Tally(t, ExecuteDetached(t, false));
   Detach(t);
   std::swap(t->plan, *plan);
   return st;
@@ -497,10 +514,14 @@ Status Impl::StartPiped(Transfer *t, bool pull, PipeItem *item) {
   item->path = t->remote->path.get();
   item->pull = pull;
   item->deadline = t->deadline;
+  metrics::Busy::Enter(t->link->stats->Path(item->path->name()));
   return LLM_SUCCESS;
 }
 
-Status Impl::FinishPiped(Transfer *t, bool pull, Status st) { return ConcludeDetached(t, pull, Conclude(t, pull, st)); }
+Status Impl::FinishPiped(Transfer *t, bool pull, Status st) {
+  metrics::Busy::Leave(t->link->stats->Path(t->remote->path->name()));
+  return ConcludeDetached(t, pull, Conclude(t, pull, st));
+}
 
 // ------------------------------------------------------------------ extensions
 // By key: the link-time table, then caches learned since (engine/late.cc), then the peer is asked
@@ -639,6 +660,11 @@ Status Impl::PullIntoBlocks(Transfer *t, const CacheIndex &src, const Cache &dst
 Status Impl::PullRowToBlocks(const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &dst_blocks,
                              const KvCacheExtParam &ext) {
   Transfer t;
+  return Tally(&t, PullRowToBlocksOn(t, src, dst, dst_blocks, ext));
+}
+
+Status Impl::PullRowToBlocksOn(Transfer &t, const CacheIndex &src, const Cache &dst,
+                               const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext) {
   Status st;
   if ((st = Begin(&t, true)) != LLM_SUCCESS) return st;
   if ((st = CheckPullRanges(ext)) != LLM_SUCCESS) return st;

@@ -16,6 +16,8 @@ namespace kvblocks {
 struct Transfer {
   std::shared_lock<std::shared_mutex> state;
   int64_t deadline = 0;
+  int64_t start_ns = 0;  // the call (or submission): where its latency counts from
+  metrics::Kind kind = metrics::kPullBlocks;
   std::shared_ptr<CacheEntry> local;
   std::shared_ptr<struct Link> link;
   const RemoteCache *remote = nullptr;

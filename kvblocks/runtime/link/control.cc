@@ -60,7 +60,7 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
         link->cv.notify_all();
       }
       // Remove the link before acknowledging, so nothing the peer does after our ack still sees it.
-      link->alive.store(false);
+      if (link->alive.exchange(false)) metrics::Add(link->stats->unlinks);
       links_.Erase(link);
       link->SendCtrl(kUnlinkAck, NowNs() + kSecNs);
       DropLink(link);

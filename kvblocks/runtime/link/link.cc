@@ -36,7 +36,7 @@ void Link::Shutdown() {
 }
 
 void Link::Fail() {
-  alive.store(false);
+  if (alive.exchange(false) && registered.load() && stats) CountEnd();
   Shutdown();
   std::vector<int> closing;
   {
@@ -45,6 +45,16 @@ void Link::Fail() {
     requester_channels -= static_cast<int>(closing.size());
   }
   for (int fd : closing) ForgetFd(fd);
+}
+
+// A link that was up ends: an unlink when one was acknowledged, else a break.
+void Link::CountEnd() {
+  bool unlinked;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    unlinked = unlink_acked;
+  }
+  metrics::Add(unlinked ? stats->unlinks : stats->link_breaks);
 }
 
 bool Link::SendCtrl(uint16_t type, int64_t deadline, const std::string &payload) {

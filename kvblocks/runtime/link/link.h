@@ -18,6 +18,7 @@
 
 #include "wire/table.h"
 #include "llm_datadist/llm_datadist.h"
+#include "metrics/stats.h"
 #include "transport/local_peer.h"
 #include "transport/path.h"
 #include "wire/messages.h"
@@ -52,6 +53,8 @@ using ChannelOpener = std::function<int(ConnKind kind, int64_t deadline, llm_dat
 struct Link {
   uint64_t remote_cluster_id = 0;
   std::atomic<bool> alive{true};
+  std::shared_ptr<metrics::PeerStats> stats;  // the peer's counters (set by NewLink, never null after)
+  std::atomic<bool> registered{false};  // it was up: its failure counts as a break
   bool opener = false;
   std::string remote_ip;
   std::string peer_addr;  // the peer's IP address as the kernel reports it (link caps count by it)
@@ -122,6 +125,7 @@ struct Link {
   void ForgetFd(int fd);  // closes it
   void Shutdown();        // wakes every blocked I/O on the link
   void Fail();            // marks it dead, wakes everyone and closes idle channels
+  void CountEnd();        // in the peer's metrics: an unlink or a break
   // Sends a control frame unless the control connection is already closed (ctrl_fd = -1).
   bool SendCtrl(uint16_t type, int64_t deadline, const std::string &payload = std::string());
   void CloseCtrl();  // closes ctrl_fd under ctrl_write_mu, so no writer can hit a reused fd

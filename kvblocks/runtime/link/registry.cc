@@ -26,6 +26,8 @@ Status LinkRegistry::Insert(const std::shared_ptr<Link> &link, const std::atomic
     it->second->Fail();
   }
   links_[link->remote_cluster_id] = link;
+  link->registered.store(true);
+  if (link->stats) link->stats->OnLinked();
   return LLM_SUCCESS;
 }
 
