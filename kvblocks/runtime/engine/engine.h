@@ -123,7 +123,7 @@ class Impl {
   // One request, without copying its lists into a BlocksRequest (the submission fast path).
   Status SubmitOne(bool pull, const CacheIndex &remote, const Cache &local, const std::vector<uint64_t> &src_blocks,
                    const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext, TransferHandle *out);
-  // metrics/engine_metrics.cc: this engine's counters now (include/kvblocks/metrics.h).
+  // engine/metrics.cc: this engine's counters now (include/kvblocks/metrics.h).
   void Metrics(EngineMetrics *out);
 
  private:
@@ -216,7 +216,7 @@ class Impl {
   Status ResumeDetached(Transfer *t, bool pull);
   Status ConcludeDetached(Transfer *t, bool pull, Status st);
   Status Conclude(Transfer *t, bool pull, Status st);
-  // metrics/engine_metrics.cc: counts a transfer's end (its kind, path, peer, bytes, latency); returns st.
+  // engine/metrics.cc: counts a transfer's end (its kind, path, peer, bytes, latency); returns st.
   Status Tally(const Transfer *t, Status st);
   Status TallyLink(uint64_t cluster_id, Status st);  // a link attempt's end; returns st
   const void *PipelineKey(const Transfer *t, bool pull);
