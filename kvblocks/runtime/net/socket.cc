@@ -21,6 +21,7 @@
 #include "common/limits.h"
 #include "common/util.h"
 #include "net/socket.h"
+#include "security/tls.h"
 
 namespace kvblocks {
 
@@ -157,8 +158,36 @@ class RecvLowat {
   uint64_t left_ = 0, cur_ = 1;
 };
 
+// MoveIov through the fd's TLS session (security/tls.h): the same loop, with SSL_write/SSL_read in
+// place of sendmsg/recvmsg. A read lands straight in its destination.
+IoResult MoveIovTls(int fd, TlsConn *c, struct iovec *iov, size_t iovcnt, int64_t deadline, bool send) {
+  size_t first = 0;
+  while (first < iovcnt) {
+    if (iov[first].iov_len == 0) {
+      ++first;
+      continue;
+    }
+    if (!send && deadline != 0 && NowNs() >= deadline) return IoResult::kTimeout;
+    short events = 0;
+    const ssize_t n = send ? TlsSendv(c, iov + first, iovcnt - first, &events)
+                           : TlsRecv(c, iov[first].iov_base, iov[first].iov_len, &events);
+    if (n == 0 && !send) return IoResult::kClosed;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN) return Classify(errno);
+      const IoResult w = WaitFd(fd, events, deadline);  // OpenSSL has used every byte it had read
+      if (w != IoResult::kOk) return w;
+      continue;
+    }
+    Advance(iov, iovcnt, &first, static_cast<size_t>(n));
+  }
+  return IoResult::kOk;
+}
+
 // Moves iov[0..iovcnt) with sendmsg/recvmsg, waiting on EAGAIN until the deadline.
 IoResult MoveIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline, bool send) {
+  TlsConn *tls = TlsOf(fd);
+  if (tls != nullptr && !TlsKernel(tls, send)) return MoveIovTls(fd, tls, iov, iovcnt, deadline, send);
   size_t first = 0;
   RecvLowat lowat(fd, iov, send ? 0 : iovcnt);
   while (first < iovcnt) {
@@ -240,10 +269,26 @@ IoResult RecvHeader(int fd, FrameHeader *h, int64_t deadline) {
   return DecodeHeader(head, h) ? IoResult::kOk : IoResult::kError;
 }
 
-IoResult WaitReadable(int fd) { return WaitFd(fd, POLLIN, 0); }
+bool Buffered(int fd) {
+  TlsConn *c = TlsOf(fd);
+  return c != nullptr && TlsBuffered(c);
+}
+
+ssize_t SendSome(int fd, struct iovec *iov, size_t iovcnt) {
+  TlsConn *c = TlsOf(fd);
+  if (c != nullptr && !TlsKernel(c, true)) {
+    short events;
+    return TlsSendv(c, iov, iovcnt, &events);
+  }
+  msghdr m{};
+  CallWindow w(iov, iovcnt, &m);
+  return sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+IoResult WaitReadable(int fd) { return Buffered(fd) ? IoResult::kOk : WaitFd(fd, POLLIN, 0); }
 
 IoResult RecvReplyHeader(int fd, FrameHeader *h, int64_t deadline) {
-  const IoResult w = WaitFd(fd, POLLIN, deadline);
+  const IoResult w = Buffered(fd) ? IoResult::kOk : WaitFd(fd, POLLIN, deadline);
   return w == IoResult::kOk ? RecvHeader(fd, h, deadline) : w;
 }
 
@@ -286,7 +331,10 @@ size_t RecvBuffer::Take(void *p, size_t n) {
 IoResult RecvBuffer::Fill(int64_t deadline) {
   for (;;) {
     if (deadline != 0 && NowNs() >= deadline) return IoResult::kTimeout;
-    const ssize_t n = recv(fd_, buf_ + end_, sizeof(buf_) - end_, MSG_DONTWAIT);
+    short events = POLLIN;
+    TlsConn *c = TlsOf(fd_);
+    const ssize_t n = c != nullptr && !TlsKernel(c, false) ? TlsRecv(c, buf_ + end_, sizeof(buf_) - end_, &events)
+                                                           : recv(fd_, buf_ + end_, sizeof(buf_) - end_, MSG_DONTWAIT);
     if (n > 0) {
       end_ += static_cast<size_t>(n);
       return IoResult::kOk;
@@ -294,7 +342,7 @@ IoResult RecvBuffer::Fill(int64_t deadline) {
     if (n == 0) return IoResult::kClosed;
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return Classify(errno);
-    const IoResult w = WaitFd(fd_, POLLIN, deadline);
+    const IoResult w = WaitFd(fd_, events, deadline);
     if (w != IoResult::kOk) return w;
   }
 }
