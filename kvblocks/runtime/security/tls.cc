@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <mutex>
 
 #include "common/error.h"
+#include "common/limits.h"
 #include "common/util.h"
 #include "security/auth.h"
 
@@ -314,6 +316,20 @@ std::string HandshakeWhy(TlsContext *ctx, int err) {
   return e + " (" + hint + ")";
 }
 
+// A listener's answer to an opener without kvblocks.Encryption=tls, whose first bytes are a kvblocks
+// frame: OpenSSL would close without a word, which the opener takes for a dropped handshake and
+// retries. A TLS alert record (fatal, protocol_version) tells it why (handshake.cc).
+bool RefusePlainOpener(int fd, int64_t deadline, const std::string &peer) {
+  uint8_t head[4];
+  if (!WaitUntil(fd, POLLIN, deadline) || recv(fd, head, sizeof(head), MSG_PEEK | MSG_DONTWAIT) != 4) return false;
+  const uint32_t magic = head[0] | head[1] << 8 | head[2] << 16 | static_cast<uint32_t>(head[3]) << 24;
+  if (magic != kMagic) return false;
+  static const uint8_t kAlert[7] = {0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46};
+  (void)!send(fd, kAlert, sizeof(kAlert), MSG_NOSIGNAL | MSG_DONTWAIT);
+  LogWarn("refused a link from %s: it does not use kvblocks.Encryption=tls, and this engine does", peer.c_str());
+  return true;
+}
+
 void NoteKtls(TlsContext *ctx, const TlsConn *c) {
   if (ctx->ktls_logged.exchange(true)) return;
   LogInfo("TLS 1.3: kernel TLS offload %s for sending, %s for receiving%s", c->ktls_send ? "on" : "off",
@@ -325,6 +341,8 @@ void NoteKtls(TlsContext *ctx, const TlsConn *c) {
 Status TlsStart(TlsContext *ctx, int fd, bool client, int64_t deadline, const std::string &peer) {
   const Api &a = A();
   if (fd < 0 || fd >= kMaxTlsFds) return Fail(LLM_LINK_FAILED, "TLS: fd %d out of range", fd);
+  if (!client && RefusePlainOpener(fd, deadline, peer))
+    return Fail(LLM_LINK_FAILED, "%s does not use kvblocks.Encryption=tls", peer.c_str());
   auto *c = new TlsConn();
   c->ssl = a.SSL_new(ctx->ctx);
   if (c->ssl == nullptr || a.SSL_set_fd(c->ssl, fd) != 1) {
