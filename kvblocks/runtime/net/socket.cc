@@ -133,10 +133,12 @@ IoResult Classify(int err) {
 
 
 // SO_RCVLOWAT for one large receive: never above the bytes still to come (poll would then sleep
-// to the deadline), and back to 1 when the receive ends, for the small frames that follow.
+// to the deadline), and back to 1 when the receive ends, for the small frames that follow. Through
+// TLS the socket carries more bytes than arrive (record overhead) but OpenSSL may hold up to
+// `held` of them already read: the mark stays that far below what is still to come.
 class RecvLowat {
  public:
-  RecvLowat(int fd, const iovec *iov, size_t iovcnt) : fd_(fd) {
+  RecvLowat(int fd, const iovec *iov, size_t iovcnt, uint64_t held = 0) : fd_(fd), held_(held) {
     for (size_t i = 0; i < iovcnt; ++i) left_ += iov[i].iov_len;
     if (left_ >= kLowatMinBytes) Set(kRecvLowatBytes);
   }
@@ -146,7 +148,8 @@ class RecvLowat {
   void Moved(size_t n) { left_ -= std::min<uint64_t>(n, left_); }
   // Before a wait: the mark must not exceed what the peer will still send.
   void Fit() {
-    if (cur_ > 1 && left_ < cur_) Set(std::max<uint64_t>(left_, 1));
+    const uint64_t most = left_ > held_ ? left_ - held_ : 1;
+    if (cur_ > 1 && most < cur_) Set(std::max<uint64_t>(most, 1));
   }
 
  private:
@@ -155,13 +158,14 @@ class RecvLowat {
     if (setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &x, sizeof(x)) == 0) cur_ = v;
   }
   int fd_;
-  uint64_t left_ = 0, cur_ = 1;
+  uint64_t held_, left_ = 0, cur_ = 1;
 };
 
 // MoveIov through the fd's TLS session (security/tls.h): the same loop, with SSL_write/SSL_read in
 // place of sendmsg/recvmsg. A read lands straight in its destination.
 IoResult MoveIovTls(int fd, TlsConn *c, struct iovec *iov, size_t iovcnt, int64_t deadline, bool send) {
   size_t first = 0;
+  RecvLowat lowat(fd, iov, send ? 0 : iovcnt, kTlsReadAheadBytes);  // a wake-up per 2 MiB, not per record
   while (first < iovcnt) {
     if (iov[first].iov_len == 0) {
       ++first;
@@ -175,11 +179,13 @@ IoResult MoveIovTls(int fd, TlsConn *c, struct iovec *iov, size_t iovcnt, int64_
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN) return Classify(errno);
+      if (events == POLLIN) lowat.Fit();
       const IoResult w = WaitFd(fd, events, deadline);  // OpenSSL has used every byte it had read
       if (w != IoResult::kOk) return w;
       continue;
     }
     Advance(iov, iovcnt, &first, static_cast<size_t>(n));
+    lowat.Moved(static_cast<size_t>(n));
   }
   return IoResult::kOk;
 }

@@ -232,7 +232,7 @@ std::shared_ptr<TlsContext> MakeTlsContext(const TlsConfig &cfg, std::string *wh
   api->SSL_CTX_ctrl(ctx, kCtrlMode, kModeAcceptMovingWriteBuffer, nullptr);
   // Read ahead into a buffer of several records: one recv() for many, not two for each.
   api->SSL_CTX_ctrl(ctx, kCtrlSetReadAhead, 1, nullptr);
-  api->SSL_CTX_set_default_read_buffer_len(ctx, 4 * 16384 + 1024);
+  api->SSL_CTX_set_default_read_buffer_len(ctx, kTlsReadAheadBytes);
   const bool certs = !cfg.cert.empty() || !cfg.key.empty() || !cfg.ca.empty();
   if (certs) {
     if (cfg.cert.empty() || cfg.key.empty() || cfg.ca.empty()) {

@@ -46,6 +46,7 @@ void CloseConn(int fd);
 
 // ---- for net/socket.cc only
 struct TlsConn;
+constexpr size_t kTlsReadAheadBytes = 4 * 16384 + 1024;  // OpenSSL's read buffer: raw bytes it may hold
 TlsConn *TlsOf(int fd);  // nullptr: a plain socket (one atomic load when no engine uses TLS)
 // True when the kernel does this direction's TLS (kTLS): the plain sendmsg/recvmsg path then applies.
 bool TlsKernel(const TlsConn *c, bool send);
