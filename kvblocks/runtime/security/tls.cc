@@ -453,9 +453,10 @@ ssize_t TlsRecv(TlsConn *c, void *p, size_t n, short *events) {
 }
 
 // Large iovecs go to SSL_write as they are (OpenSSL cuts them into 16 KiB records, encrypting from
-// the caller's memory into its record buffer); runs of small ones are gathered into one record.
+// the caller's memory into its record buffer); runs of smaller ones (4 KiB blocks, frame headers) are
+// gathered into full records: a record costs a write() and, at the reader, often a wake-up.
 ssize_t TlsSendv(TlsConn *c, const struct iovec *iov, size_t iovcnt, short *events) {
-  constexpr size_t kDirect = 4096, kChunk = 256 << 10;
+  constexpr size_t kDirect = sizeof(c->stage), kChunk = 256 << 10;
   std::lock_guard<std::mutex> g(c->mu);
   if (c->pend_len == 0) {
     size_t i = 0;
