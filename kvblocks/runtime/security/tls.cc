@@ -332,9 +332,11 @@ bool RefusePlainOpener(int fd, int64_t deadline, const std::string &peer) {
 
 void NoteKtls(TlsContext *ctx, const TlsConn *c) {
   if (ctx->ktls_logged.exchange(true)) return;
+  const char *rest = c->ktls_send && c->ktls_recv    ? ""
+                     : c->ktls_send || c->ktls_recv ? " (OpenSSL does the other direction in user space)"
+                                                    : " (OpenSSL encrypts and decrypts in user space)";
   LogInfo("TLS 1.3: kernel TLS offload %s for sending, %s for receiving%s", c->ktls_send ? "on" : "off",
-          c->ktls_recv ? "on" : "off",
-          c->ktls_send && c->ktls_recv ? "" : " (OpenSSL encrypts in user space for the other direction)");
+          c->ktls_recv ? "on" : "off", rest);
 }
 }  // namespace
 
