@@ -276,3 +276,12 @@ def test_missing_libssl_is_a_clear_error():
     env = dict(os.environ, KVBLOCKS_LIBSSL="libssl-absent.so.3")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert "refused:" in out.stdout and "cannot load libssl-absent.so.3 (OpenSSL 3)" in out.stdout, out
+
+
+def test_a_connect_flood_never_refuses_a_real_tls_link():
+    """As test_trust_bounds.py's flood test, with TLS: a TLS handshake the listener dropped from its
+    pre-authentication slot is tried again, never a refused link."""
+    from test_trust_bounds import _links_under_flood
+
+    fails = _links_under_flood(50, 4, 250, 2000, options={**TLS, kb.OPTION_AUTH_TOKEN: TOKEN})
+    assert not fails, fails[:5]

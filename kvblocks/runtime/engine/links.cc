@@ -268,16 +268,15 @@ int Impl::OpenHandshake(const std::string &ip, uint16_t port, ConnKind kind, uin
   for (int tries = 1;; ++tries) {
     const int fd = ConnectTcp(ip, port, deadline, st);
     if (fd < 0) return -1;
-    // kvblocks.Encryption=tls: TLS first, then the kvblocks handshake inside it (protocol.md).
-    if (tls_ && (*st = TlsStart(tls_.get(), fd, true, deadline, ip + ":" + std::to_string(port))) != LLM_SUCCESS) {
-      CloseConn(fd);
-      return -1;
-    }
-    hello->kind = kind;
-    hello->cluster_id = cluster_id_;
-    RandomBytes(hello->nonce, sizeof(hello->nonce));
     bool dropped = false;
-    *st = ClientHandshake(fd, *hello, listener_cluster_id, ProofKey(fd, auth_token_), deadline, t, &dropped);
+    // kvblocks.Encryption=tls: TLS first, then the kvblocks handshake inside it (protocol.md).
+    if (tls_) *st = TlsStart(tls_.get(), fd, true, deadline, ip + ":" + std::to_string(port), &dropped);
+    if (!tls_ || *st == LLM_SUCCESS) {
+      hello->kind = kind;
+      hello->cluster_id = cluster_id_;
+      RandomBytes(hello->nonce, sizeof(hello->nonce));
+      *st = ClientHandshake(fd, *hello, listener_cluster_id, ProofKey(fd, auth_token_), deadline, t, &dropped);
+    }
     if (*st == LLM_SUCCESS) return fd;
     CloseConn(fd);
     if (!dropped || NowNs() + pause >= deadline || stopping_.load()) return -1;

@@ -308,9 +308,12 @@ bool WaitUntil(int fd, short events, int64_t deadline) {
 }
 
 // Why a handshake failed, for the user: OpenSSL's reason and what it usually means here.
-std::string HandshakeWhy(TlsContext *ctx, int err) {
+// *closed: the peer closed the connection without a word (a listener under a connect flood drops
+// unauthenticated connections so; the opener may try again).
+std::string HandshakeWhy(TlsContext *ctx, int err, bool *closed) {
   std::string e = ErrText();
-  if (e.empty()) e = err == kErrSyscall || err == kErrZeroReturn ? "the peer closed the connection" : "no detail";
+  *closed = e.empty() && (err == kErrSyscall || err == kErrZeroReturn);
+  if (e.empty()) e = *closed ? "the peer closed the connection" : "no detail";
   std::string hint = ctx->psk ? "the peer does not use kvblocks.Encryption=tls or uses another kvblocks.AuthToken"
                               : "the peer does not use kvblocks.Encryption=tls or has no certificate of our CA";
   return e + " (" + hint + ")";
@@ -340,7 +343,8 @@ void NoteKtls(TlsContext *ctx, const TlsConn *c) {
 }
 }  // namespace
 
-Status TlsStart(TlsContext *ctx, int fd, bool client, int64_t deadline, const std::string &peer) {
+Status TlsStart(TlsContext *ctx, int fd, bool client, int64_t deadline, const std::string &peer, bool *dropped) {
+  if (dropped != nullptr) *dropped = false;
   const Api &a = A();
   if (fd < 0 || fd >= kMaxTlsFds) return Fail(LLM_LINK_FAILED, "TLS: fd %d out of range", fd);
   if (!client && RefusePlainOpener(fd, deadline, peer))
@@ -363,8 +367,11 @@ Status TlsStart(TlsContext *ctx, int fd, bool client, int64_t deadline, const st
       FreeConn(c);
       return Fail(LLM_TIMEOUT, "TLS handshake with %s timed out", peer.c_str());
     }
-    const std::string why = HandshakeWhy(ctx, err);
+    bool closed = false;
+    const std::string why = HandshakeWhy(ctx, err, &closed);
     FreeConn(c);
+    if (dropped != nullptr) *dropped = closed;
+    if (closed && dropped != nullptr) return Fail(LLM_LINK_FAILED, "TLS handshake with %s: closed", peer.c_str());
     LogWarn("TLS handshake with %s failed: %s", peer.c_str(), why.c_str());
     return Fail(LLM_LINK_FAILED, "TLS handshake with %s failed: %s", peer.c_str(), why.c_str());
   }

@@ -34,7 +34,10 @@ std::shared_ptr<TlsContext> MakeTlsContext(const TlsConfig &cfg, std::string *wh
 
 // TLS handshake on the connected non-blocking socket `fd` (the opener is the client), by `deadline`.
 // On success the session belongs to `fd` until CloseConn(fd). `peer` names the far end in messages.
-llm_datadist::Status TlsStart(TlsContext *ctx, int fd, bool client, int64_t deadline, const std::string &peer);
+// `*dropped` (when given) is set when the peer closed the connection mid-handshake without a word:
+// the caller may try again, as after a kvblocks handshake dropped by a listener under a flood.
+llm_datadist::Status TlsStart(TlsContext *ctx, int fd, bool client, int64_t deadline, const std::string &peer,
+                              bool *dropped = nullptr);
 
 // The key of the kvblocks handshake proofs on `fd`: the token itself on a plain connection; on a TLS
 // one, HMAC(token, label || TLS exporter), so a proof is good inside this TLS session only.
