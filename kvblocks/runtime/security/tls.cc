@@ -140,8 +140,8 @@ std::string ErrText() {
 }
 
 constexpr char kPskIdentity[] = "kvblocks-psk-v1";
-constexpr char kPskLabel[] = "kvblocks-v6-tls13-psk";
-constexpr char kProofInTlsLabel[] = "kvblocks-v6-proof-in-tls";
+constexpr char kPskLabel[] = "kvblocks-tls13-psk-v1";
+constexpr char kProofInTlsLabel[] = "kvblocks-tls13-proof-v1";
 constexpr char kExporterLabel[] = "EXPORTER-kvblocks-handshake";
 const unsigned char kAes128GcmSha256[2] = {0x13, 0x01};
 
