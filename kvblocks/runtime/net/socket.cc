@@ -163,29 +163,8 @@ class RecvLowat {
 
 // MoveIov through the fd's TLS session (security/tls.h): the same loop, with SSL_write/SSL_read in
 // place of sendmsg/recvmsg. A read lands straight in its destination.
-// TCP_CORK while one send writes several TLS records (OpenSSL writes each with a write() of its
-// own): the records leave in full segments, and the reader wakes once for them, not once a record.
-class Cork {
- public:
-  Cork(int fd, const iovec *iov, size_t iovcnt) : fd_(fd) {
-    uint64_t n = 0;
-    for (size_t i = 0; i < iovcnt && n <= kCorkMinBytes; ++i) n += iov[i].iov_len;
-    if (n > kCorkMinBytes) Set(1);
-  }
-  ~Cork() {
-    if (on_) Set(0);  // uncorking sends what is left at once
-  }
-
- private:
-  static constexpr uint64_t kCorkMinBytes = 16384;  // more than one record
-  void Set(int v) { on_ = setsockopt(fd_, IPPROTO_TCP, TCP_CORK, &v, sizeof(v)) == 0 && v != 0; }
-  int fd_;
-  bool on_ = false;
-};
-
 IoResult MoveIovTls(int fd, TlsConn *c, struct iovec *iov, size_t iovcnt, int64_t deadline, bool send) {
   size_t first = 0;
-  Cork cork(fd, iov, send ? iovcnt : 0);
   RecvLowat lowat(fd, iov, send ? 0 : iovcnt, kTlsReadAheadBytes);  // a wake-up per 2 MiB, not per record
   while (first < iovcnt) {
     if (iov[first].iov_len == 0) {
