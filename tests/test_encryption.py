@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -27,6 +28,16 @@ TOKEN = "tls-test-token"
 TLS = {"kvblocks.Encryption": "tls"}
 BLOCKS, BLOCK_BYTES, TENSORS = 16, 64 << 10, 2
 MAGIC = bytes.fromhex("d1ce5a11c0ffee42")  # the block pattern the relay must never see
+
+
+def logged(caplog, text, timeout_s=5.0):
+    """Whether logger "kvblocks" got a line holding `text` (runtime lines arrive through a pump)."""
+    end = time.monotonic() + timeout_s
+    while not any(r.name == "kvblocks" and text in r.getMessage() for r in caplog.records):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def peer(cluster_id, port, tls=True, auth=TOKEN, **opts):
@@ -89,18 +100,19 @@ def test_encrypted_pull_push_async_move_the_right_bytes():
 
 
 @pytest.mark.parametrize("tls_here", [True, False], ids=["tls-opener-plain-listener", "plain-opener-tls-listener"])
-def test_a_peer_without_the_option_cannot_link(tls_here, capfd):
+def test_a_peer_without_the_option_cannot_link(tls_here, caplog):
     port = free_port()
     p = peer(1, port, tls=not tls_here)
     e = engine(2, tls=tls_here)
     try:
         assert e.link_llm_clusters([cluster(1, port)], 3000) != [kb.Status.LLM_SUCCESS]
-        err = capfd.readouterr().err
+        why = e.link_failure(1)
+        assert why.reason == "auth_refused" and "kvblocks.Encryption=tls" in why.message, why
         if tls_here:
-            assert "TLS handshake with 127.0.0.1:%d failed" % port in err
-            assert "does not use kvblocks.Encryption=tls" in err
+            assert logged(caplog, "TLS handshake with 127.0.0.1:%d failed" % port)
+            assert logged(caplog, "does not use kvblocks.Encryption=tls")
         else:
-            assert "the listener uses kvblocks.Encryption=tls and this engine does not" in err
+            assert logged(caplog, "the listener uses kvblocks.Encryption=tls and this engine does not")
     finally:
         e.finalize()
         p.close()
@@ -108,13 +120,15 @@ def test_a_peer_without_the_option_cannot_link(tls_here, capfd):
         assert "does not use kvblocks.Encryption=tls, and this engine does" in p.stderr_text  # the listener too
 
 
-def test_a_peer_with_another_token_cannot_link(capfd):
+def test_a_peer_with_another_token_cannot_link(caplog):
     port = free_port()
     p = peer(1, port, auth="another-token")
     e = engine(2)
     try:
         assert e.link_llm_clusters([cluster(1, port)], 3000) == [kb.Status.LLM_LINK_FAILED]
-        assert "TLS handshake with 127.0.0.1:%d failed" % port in capfd.readouterr().err
+        why = e.link_failure(1)
+        assert why.reason == "auth_refused" and "another kvblocks.AuthToken" in why.message, why
+        assert logged(caplog, "TLS handshake with 127.0.0.1:%d failed" % port)
     finally:
         e.finalize()
         p.close()
@@ -150,7 +164,7 @@ def certs():
         yield {"a": make_leaf(d, "ca", "a"), "b": make_leaf(d, "ca", "b"), "rogue": make_leaf(d, "rogue", "r")}
 
 
-def test_certificate_mode_links_and_refuses_another_ca(certs, capfd):
+def test_certificate_mode_links_and_refuses_another_ca(certs, caplog):
     port = free_port()
     p = peer(1, port, auth=None, **certs["a"])
     good = engine(2, auth=None, **certs["b"])
@@ -161,7 +175,7 @@ def test_certificate_mode_links_and_refuses_another_ca(certs, capfd):
         good.pull_kv_blocks(kb.CacheIndex(1, p.info["alloc"]), mine, [3, 4], [3, 4])
         assert np.array_equal(mine.numpy(1)[3:5], expected(p, 1)[3:5])
         assert rogue.link_llm_clusters([cluster(1, port)], 3000) == [kb.Status.LLM_LINK_FAILED]
-        assert "certificate verify failed" in capfd.readouterr().err
+        assert logged(caplog, "certificate verify failed")
     finally:
         good.finalize()
         rogue.finalize()
@@ -226,7 +240,7 @@ def test_a_relay_sees_no_plaintext(tls, certs):
 
 
 @pytest.mark.parametrize("tls", [True, False], ids=["tls", "clear-control"])
-def test_a_relay_that_alters_a_byte_fails_the_transfer(tls, certs, capfd):
+def test_a_relay_that_alters_a_byte_fails_the_transfer(tls, certs, caplog):
     port = free_port()
     keys = (certs["a"], certs["b"]) if tls else ({}, {})
     p = peer(1, port, tls=tls, auth=None, **keys[0])
@@ -239,7 +253,7 @@ def test_a_relay_that_alters_a_byte_fails_the_transfer(tls, certs, capfd):
         if tls:
             with pytest.raises(kb.LLMException):
                 e.pull_kv_blocks(idx, mine, list(range(BLOCKS)), list(range(BLOCKS)))
-            assert "bad record mac" in capfd.readouterr().err
+            assert logged(caplog, "bad record mac")
         else:
             e.pull_kv_blocks(idx, mine, list(range(BLOCKS)), list(range(BLOCKS)))
             got = np.concatenate([mine.numpy(t).reshape(-1) for t in range(TENSORS)])

@@ -19,7 +19,7 @@
 #include "engine/engine.h"
 #include "engine/options.h"
 #include "net/socket.h"
-#include "security/tls.h"
+#include "net/tls.h"
 #include "transport/select.h"
 #include "transport/ucx_path.h"
 

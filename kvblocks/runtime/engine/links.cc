@@ -15,7 +15,7 @@
 #include "engine/engine.h"
 #include "link/handshake.h"
 #include "net/socket.h"
-#include "security/tls.h"
+#include "net/tls.h"
 #include "transport/beacon.h"
 #include "transport/local_peer.h"
 #include "transport/select.h"

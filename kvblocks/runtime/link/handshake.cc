@@ -8,7 +8,7 @@
 #include <cstring>
 #include "net/socket.h"
 #include "security/auth.h"
-#include "security/tls.h"
+#include "net/tls.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -88,6 +88,7 @@ Status ClientHandshake(int fd, const Hello &hello, uint64_t listener_cluster_id,
   if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: sending HELLO failed");
   if (ListenerSpeaksTls(fd, deadline)) {
     LogWarn("link refused: the listener uses kvblocks.Encryption=tls and this engine does not");
+    NoteLinkReason(LinkFailureReason::kAuthRefused);
     return Fail(LLM_LINK_FAILED, "the listener uses kvblocks.Encryption=tls: set kvblocks.Encryption=tls here too "
                 "(with the same kvblocks.AuthToken, or certificates of the same CA)");
   }

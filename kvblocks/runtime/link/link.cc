@@ -13,7 +13,7 @@
 #include "common/limits.h"
 #include "common/util.h"
 #include "net/socket.h"
-#include "security/tls.h"
+#include "net/tls.h"
 
 namespace kvblocks {
 

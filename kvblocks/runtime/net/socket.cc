@@ -21,7 +21,7 @@
 #include "common/limits.h"
 #include "common/util.h"
 #include "net/socket.h"
-#include "security/tls.h"
+#include "net/tls.h"
 
 namespace kvblocks {
 
@@ -161,7 +161,7 @@ class RecvLowat {
   uint64_t held_, left_ = 0, cur_ = 1;
 };
 
-// MoveIov through the fd's TLS session (security/tls.h): the same loop, with SSL_write/SSL_read in
+// MoveIov through the fd's TLS session (net/tls.h): the same loop, with SSL_write/SSL_read in
 // place of sendmsg/recvmsg. A read lands straight in its destination.
 IoResult MoveIovTls(int fd, TlsConn *c, struct iovec *iov, size_t iovcnt, int64_t deadline, bool send) {
   size_t first = 0;

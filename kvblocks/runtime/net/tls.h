@@ -8,8 +8,8 @@
 // token bound to this TLS session (exporter), so a relay cannot splice two sessions (protocol.md).
 // Once a session is started on an fd, net/socket.cc moves that fd's bytes through it: every caller
 // keeps calling SendIov/RecvIov/RecvBuffer with its deadline, plain or encrypted alike.
-#ifndef KVBLOCKS_RUNTIME_SECURITY_TLS_H_
-#define KVBLOCKS_RUNTIME_SECURITY_TLS_H_
+#ifndef KVBLOCKS_RUNTIME_NET_TLS_H_
+#define KVBLOCKS_RUNTIME_NET_TLS_H_
 
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -62,4 +62,4 @@ bool TlsBuffered(TlsConn *c);  // decrypted or raw bytes already read from the s
 
 }  // namespace kvblocks
 
-#endif  // KVBLOCKS_RUNTIME_SECURITY_TLS_H_
+#endif  // KVBLOCKS_RUNTIME_NET_TLS_H_

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// TLS 1.3 through a dlopen()ed OpenSSL 3 (security/tls.h). Only the few functions and constants
+// TLS 1.3 through a dlopen()ed OpenSSL 3 (net/tls.h). Only the few functions and constants
 // used here are declared, with OpenSSL 3's stable ABI; no OpenSSL header is needed to build.
-#include "security/tls.h"
+#include "net/tls.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -365,6 +365,7 @@ Status TlsStart(TlsContext *ctx, int fd, bool client, int64_t deadline, const st
     if (err == kErrWantRead || err == kErrWantWrite) {
       if (WaitUntil(fd, err == kErrWantRead ? POLLIN : POLLOUT, deadline)) continue;
       FreeConn(c);
+      NoteLinkReason(LinkFailureReason::kTimedOut);
       return Fail(LLM_TIMEOUT, "TLS handshake with %s timed out", peer.c_str());
     }
     bool closed = false;
@@ -373,6 +374,7 @@ Status TlsStart(TlsContext *ctx, int fd, bool client, int64_t deadline, const st
     if (dropped != nullptr) *dropped = closed;
     if (closed && dropped != nullptr) return Fail(LLM_LINK_FAILED, "TLS handshake with %s: closed", peer.c_str());
     LogWarn("TLS handshake with %s failed: %s", peer.c_str(), why.c_str());
+    NoteLinkReason(LinkFailureReason::kAuthRefused);  // no TLS there, another token, or another CA
     return Fail(LLM_LINK_FAILED, "TLS handshake with %s failed: %s", peer.c_str(), why.c_str());
   }
   // Forward secrecy: the PSK alone (psk_ke) would let the token decrypt recorded traffic later.
