@@ -208,13 +208,13 @@ def _floods(port, n, sockets, seconds, rate):
                               str(seconds), str(rate)], stdout=subprocess.PIPE, cwd=HERE) for _ in range(n)]
 
 
-def _links_under_flood(links, attackers, sockets_each, rate):
+def _links_under_flood(links, attackers, sockets_each, rate, options=None):
     """`links` sequential link/unlink cycles of a real engine against a listener process while
     `attackers` processes each hold `sockets_each` sockets against it, replacing `rate` a second.
-    Returns the failures."""
+    `options`: more options of both engines. Returns the failures."""
     port = free_port()
-    listener = Peer(1, listen=f"127.0.0.1:{port}")
-    me = _engine(2)
+    listener = Peer(1, listen=f"127.0.0.1:{port}", options=options)
+    me = _engine(2, **(options or {}))
     floods = _floods(port, attackers, sockets_each, 3600, rate)
     fails = []
     try:

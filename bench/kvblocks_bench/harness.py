@@ -88,6 +88,15 @@ def _trusted(transport):
     return {kb.OPTION_UCX_TRUSTED_NETWORK: "1"} if transport == "ucx" else {}
 
 
+def _engine_options(transport):
+    """Engine options for a bench transport: ``tls`` is Transport=tcp with kvblocks.Encryption=tls."""
+    import kvblocks as kb
+
+    if transport == "tls":
+        return {kb.OPTION_TRANSPORT: "tcp", "kvblocks.Encryption": "tls", kb.OPTION_AUTH_TOKEN: "kvblocks-bench"}
+    return {kb.OPTION_TRANSPORT: transport, **_trusted(transport)}
+
+
 def _listening_datadist(cluster_id, transport):
     import kvblocks as kb
 
@@ -96,8 +105,7 @@ def _listening_datadist(cluster_id, transport):
         port = free_port()
         try:
             dd.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_LISTEN_IP_INFO: f"127.0.0.1:{port}",
-                           kb.OPTION_TRANSPORT: transport, kb.OPTION_SYNC_CACHE_WAIT_TIME: "60000",
-                           **_trusted(transport)})
+                           kb.OPTION_SYNC_CACHE_WAIT_TIME: "60000", **_engine_options(transport)})
             return dd, port
         except Exception:  # port raced away: try another
             continue
@@ -306,8 +314,8 @@ class Harness:
             with _ucx_env(transport):  # both processes' UCP contexts read UCX_TLS when made
                 peer = Peer(self.ctx, 2000 + next(self._next_id), transport)
                 dd = kb.LlmDataDist(1000 + next(self._next_id), kb.LlmRole.MIX)
-                dd.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_TRANSPORT: transport,
-                               kb.OPTION_SYNC_CACHE_WAIT_TIME: "60000", **_trusted(transport)})
+                dd.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_SYNC_CACHE_WAIT_TIME: "60000",
+                               **_engine_options(transport)})
             self.peers[transport] = peer
             self.locals[transport] = dd
             self.relink(transport, first=True)

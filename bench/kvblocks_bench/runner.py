@@ -14,6 +14,8 @@ SECTIONS = (("validation", "Validation: block-list checks vs a pure-Python loop"
             ("dispatch", "In-process dispatch: pull_kv_blocks vs memcpy of the same bytes"),
             ("samehost", "Same host, cross-process (shm: allocated caches; cma: registered numpy arrays)"),
             ("tcp", "TCP (kvblocks.Transport=tcp) vs a raw loopback socket"),
+            ("encryption", "Encryption (kvblocks.Encryption=tls, TLS 1.3 in user space) vs the same TCP transfer in "
+                           "clear"),
             ("ucx", "UCX (kvblocks.Transport=ucx, UCX_TLS as NIXL's) vs a raw loopback socket"),
             ("async", "Asynchronous transfers: submission vs validation, 64 in flight vs sequential"),
             ("hixl", "hixl: Hixl.transfer_sync vs the native pull_kv_blocks of the same bytes"),

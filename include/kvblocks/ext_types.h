@@ -33,6 +33,10 @@ constexpr const char OPTION_ROLE_CHECK[] = "kvblocks.RoleCheck";    // "0" (defa
 constexpr const char OPTION_MAX_LINKS[] = "kvblocks.MaxLinks";  // links in all (default 512, fewer at a low fd limit)
 constexpr const char OPTION_MAX_LINKS_PER_PEER[] = "kvblocks.MaxLinksPerPeer";  // links from one address (default 32)
 constexpr const char OPTION_UCX_TRUSTED_NETWORK[] = "kvblocks.UcxTrustedNetwork";  // "1": UCX (exposes memory)
+constexpr const char OPTION_ENCRYPTION[] = "kvblocks.Encryption";      // none (default) | tls: TLS 1.3 on TCP links
+constexpr const char OPTION_TLS_CERT_FILE[] = "kvblocks.TlsCertFile";  // PEM chain: TLS by certificates
+constexpr const char OPTION_TLS_KEY_FILE[] = "kvblocks.TlsKeyFile";    // PEM private key of TlsCertFile
+constexpr const char OPTION_TLS_CA_FILE[] = "kvblocks.TlsCaFile";      // PEM CA that signs every peer's certificate
 
 // Why a LinkLlmClusters (or hixl Connect) to one cluster failed, kept per cluster until the next
 // attempt to link to it (ImplAccess::LastLinkFailure). kAuthRefused also covers a listener that is

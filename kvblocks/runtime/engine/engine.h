@@ -45,6 +45,7 @@ struct LayerItem;
 struct LayerPushState;
 struct Plan;
 class UcxContext;
+class TlsContext;
 // Frees a Transfer (defined in transfer.cc) on the thread that holds its locks.
 struct TransferFree {
   void operator()(Transfer *t) const;
@@ -268,6 +269,7 @@ class Impl {
   int64_t wait_time_ms_ = kDefaultWaitMs;
   std::string transport_ = "auto";
   std::string auth_token_;
+  std::shared_ptr<TlsContext> tls_;  // kvblocks.Encryption=tls: every TCP connection of a link
   bool ucx_trusted_ = false;  // kvblocks.UcxTrustedNetwork=1: UCX may be offered (README, threat model)
   bool role_check_ = false;  // kvblocks.RoleCheck: "0" (default, CANN V2) or "1" (V1 roles)
   bool local_comm_res_ = false;  // CANN: with llm.LocalCommRes a cluster needs no local_ip_infos

@@ -19,6 +19,7 @@
 #include "engine/engine.h"
 #include "engine/options.h"
 #include "net/socket.h"
+#include "net/tls.h"
 #include "transport/select.h"
 #include "transport/ucx_path.h"
 
@@ -61,6 +62,30 @@ Impl::~Impl() {
   Finalize();
   UnregisterInstance(instance_token_);
 }
+
+namespace {
+// kvblocks.Encryption: "none" (default) or "tls", with the token or the certificate files as keys.
+// UCX is refused with it: UCX's own transports would carry the blocks in clear.
+template <typename Get>
+Status TlsOption(Get &get, const std::string &token, const std::string &transport, bool ucx_trusted,
+                 std::shared_ptr<TlsContext> *out) {
+  std::string v;
+  if (!get(OPTION_ENCRYPTION, &v) || v == "none") return LLM_SUCCESS;
+  if (v != "tls") return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use none or tls", OPTION_ENCRYPTION, v.c_str());
+  if (transport == "ucx" || ucx_trusted)
+    return Fail(LLM_PARAM_INVALID, "option %s=tls cannot be used with UCX (%s=ucx or %s=1): UCX would carry the "
+                "blocks unencrypted", OPTION_ENCRYPTION, OPTION_TRANSPORT, OPTION_UCX_TRUSTED_NETWORK);
+  TlsConfig cfg;
+  cfg.token = token;
+  get(OPTION_TLS_CERT_FILE, &cfg.cert);
+  get(OPTION_TLS_KEY_FILE, &cfg.key);
+  get(OPTION_TLS_CA_FILE, &cfg.ca);
+  std::string why;
+  *out = MakeTlsContext(cfg, &why);
+  if (!*out) return Fail(LLM_PARAM_INVALID, "option %s=tls: %s", OPTION_ENCRYPTION, why.c_str());
+  return LLM_SUCCESS;
+}
+}  // namespace
 
 Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   std::unique_lock<std::shared_mutex> lk(state_mu_);
@@ -144,7 +169,11 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
                   OPTION_TRANSPORT, OPTION_UCX_TRUSTED_NETWORK);
     if (!UcxAvailable(&why)) return Fail(LLM_PARAM_INVALID, "option %s=ucx: %s", OPTION_TRANSPORT, why.c_str());
   }
+  std::shared_ptr<TlsContext> tls;
+  const Status tls_st = TlsOption(get, token, transport, ucx_trusted, &tls);
+  if (tls_st != LLM_SUCCESS) return tls_st;
   stopping_.store(false);
+  tls_ = tls;
   local_comm_res_ = options.count(AscendString(OPTION_LOCAL_COMM_RES)) != 0;
   wait_time_ms_ = wait_ms;
   transport_ = transport;

@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "link/handshake.h"
 #include "net/socket.h"
+#include "net/tls.h"
 #include "transport/beacon.h"
 #include "transport/local_peer.h"
 #include "transport/select.h"
@@ -268,13 +269,17 @@ int Impl::OpenHandshake(const std::string &ip, uint16_t port, ConnKind kind, uin
   for (int tries = 1;; ++tries) {
     const int fd = ConnectTcp(ip, port, deadline, st);
     if (fd < 0) return -1;
-    hello->kind = kind;
-    hello->cluster_id = cluster_id_;
-    RandomBytes(hello->nonce, sizeof(hello->nonce));
     bool dropped = false;
-    *st = ClientHandshake(fd, *hello, listener_cluster_id, auth_token_, deadline, t, &dropped);
+    // kvblocks.Encryption=tls: TLS first, then the kvblocks handshake inside it (protocol.md).
+    if (tls_) *st = TlsStart(tls_.get(), fd, true, deadline, ip + ":" + std::to_string(port), &dropped);
+    if (!tls_ || *st == LLM_SUCCESS) {
+      hello->kind = kind;
+      hello->cluster_id = cluster_id_;
+      RandomBytes(hello->nonce, sizeof(hello->nonce));
+      *st = ClientHandshake(fd, *hello, listener_cluster_id, ProofKey(fd, auth_token_), deadline, t, &dropped);
+    }
     if (*st == LLM_SUCCESS) return fd;
-    close(fd);
+    CloseConn(fd);
     if (!dropped || NowNs() + pause >= deadline || stopping_.load()) return -1;
     if (tries == 1 || tries % 100 == 0)
       LogInfo("%s:%u dropped our handshake before authenticating it (try %d); trying again", ip.c_str(), port, tries);
@@ -305,7 +310,7 @@ int Impl::OpenChannel(const std::shared_ptr<struct Link> &link, ConnKind kind, i
                  static_cast<unsigned long long>(link->remote_cluster_id), h.status);
   }
   if (*st != LLM_SUCCESS) {
-    close(fd);
+    CloseConn(fd);
     return -1;
   }
   link->AddFd(fd);
@@ -424,7 +429,7 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
   auto fail = [&](Status s) {
     if (local_fd >= 0) close(local_fd);
     ForgetLoose(fd);
-    close(fd);
+    CloseConn(fd);
     return s;
   };
 
@@ -647,11 +652,13 @@ void Impl::HandleAccepted(int fd) {
     std::lock_guard<std::mutex> g(workers_mu_);
     return preauth_.erase(fd) != 0;
   };
-  const bool ok = ServerHandshake(fd, auth_token_, cluster_id_, NowNs() + kAuthNs, &hello, &t, leave_slot);
+  const int64_t auth_deadline = NowNs() + kAuthNs;
+  bool ok = !tls_ || TlsStart(tls_.get(), fd, false, auth_deadline, PeerAddress(fd)) == LLM_SUCCESS;
+  ok = ok && ServerHandshake(fd, ProofKey(fd, auth_token_), cluster_id_, auth_deadline, &hello, &t, leave_slot);
   leave_slot();
   if (!ok) {
     ForgetLoose(fd);
-    close(fd);
+    CloseConn(fd);
     return;
   }
   const int64_t deadline = NowNs() + kHandshakeNs;
@@ -667,7 +674,7 @@ void Impl::HandleAccepted(int fd) {
 void Impl::AcceptChannel(int fd, const Hello &hello, const Transcript &t, int64_t deadline) {
   auto drop = [&] {
     ForgetLoose(fd);
-    close(fd);
+    CloseConn(fd);
   };
   FrameHeader h;
   std::string payload;
@@ -716,7 +723,7 @@ void Impl::AcceptControl(int fd, const Hello &hello, const uint8_t *server_nonce
   auto drop = [&] {
     if (lfd >= 0) close(lfd);
     ForgetLoose(fd);
-    close(fd);
+    CloseConn(fd);
   };
   const uint64_t peer = hello.cluster_id;
   // Counted against the link caps from here until the link is registered (or dropped): before its

@@ -27,6 +27,7 @@ void MarkGone(struct Link *link, int64_t id) {
 // socket open in a child, so the socket alone would not say so, and the link is failed at once
 // rather than at its next one-sided copy.
 bool WaitCtrl(int fd, int pidfd) {
+  if (Buffered(fd)) return true;  // TLS: a frame already read from the socket
   pollfd p[2] = {{fd, POLLIN, 0}, {pidfd, POLLIN, 0}};
   for (;;) {
     const int n = poll(p, pidfd >= 0 ? 2 : 1, -1);

@@ -8,6 +8,10 @@
 #include <cstring>
 #include "net/socket.h"
 #include "security/auth.h"
+#include "net/tls.h"
+
+#include <poll.h>
+#include <sys/socket.h>
 
 namespace kvblocks {
 
@@ -46,6 +50,7 @@ void FillTranscript(const Hello &hello, uint64_t listener_cluster_id, const uint
   memcpy(t->client_nonce, hello.nonce, kNonceBytes);
   memcpy(t->server_nonce, server_nonce, kNonceBytes);
 }
+
 // A HELLO of another protocol version: an operator upgrading one side sees why links fail. Once a
 // second at most (anyone can send one).
 void LogVersionMismatch(const Hello &hello) {
@@ -55,6 +60,17 @@ void LogVersionMismatch(const Hello &hello) {
   if (now - before < 1000000000LL || !last.compare_exchange_strong(before, now)) return;
   LogWarn("rejected a link from cluster %llu: it speaks kvblocks protocol version %u, this engine %u",
           static_cast<unsigned long long>(hello.cluster_id), hello.version, kProtocolVersion);
+}
+
+// A plain opener whose HELLO a kvblocks.Encryption=tls listener took for a TLS record gets a TLS
+// alert (or handshake) record back, 0x15/0x16 then version 0x03: say why rather than "malformed".
+bool ListenerSpeaksTls(int fd, int64_t deadline) {
+  if (TlsOf(fd) != nullptr) return false;
+  pollfd p{fd, POLLIN, 0};
+  const int64_t left = deadline - NowNs();
+  if (left <= 0 || poll(&p, 1, static_cast<int>(left / kMsNs) + 1) <= 0) return false;
+  uint8_t b[2];
+  return recv(fd, b, sizeof(b), MSG_PEEK | MSG_DONTWAIT) == 2 && (b[0] == 0x15 || b[0] == 0x16) && b[1] == 0x03;
 }
 }  // namespace
 
@@ -70,6 +86,12 @@ Status ClientHandshake(int fd, const Hello &hello, uint64_t listener_cluster_id,
   IoResult r = SendMessage(fd, kHello, 0, hello, deadline);
   *dropped = r == IoResult::kClosed;
   if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: sending HELLO failed");
+  if (ListenerSpeaksTls(fd, deadline)) {
+    LogWarn("link refused: the listener uses kvblocks.Encryption=tls and this engine does not");
+    NoteLinkReason(LinkFailureReason::kAuthRefused);
+    return Fail(LLM_LINK_FAILED, "the listener uses kvblocks.Encryption=tls: set kvblocks.Encryption=tls here too "
+                "(with the same kvblocks.AuthToken, or certificates of the same CA)");
+  }
   Challenge ch;
   FrameHeader seen{};
   r = RecvMessage(fd, kChallenge, deadline, &ch, &seen);

@@ -13,6 +13,7 @@
 #include "common/limits.h"
 #include "common/util.h"
 #include "net/socket.h"
+#include "net/tls.h"
 
 namespace kvblocks {
 
@@ -26,7 +27,7 @@ void Link::AddFd(int fd) {
 
 void Link::ForgetFd(int fd) {
   std::lock_guard<std::mutex> g(mu);
-  if (fds.erase(fd) != 0) close(fd);
+  if (fds.erase(fd) != 0) CloseConn(fd);
 }
 
 void Link::Shutdown() {
@@ -82,7 +83,7 @@ void Link::CloseCtrl() {
 Link::~Link() {
   local.Release();
   if (local.pidfd >= 0) close(local.pidfd);
-  for (int fd : fds) close(fd);  // channels left behind by a failed link or a late reverse channel
+  for (int fd : fds) CloseConn(fd);  // channels left behind by a failed link or a late reverse channel
 }
 
 int Link::AcquireChannel(int64_t deadline, Status *st) {

@@ -21,6 +21,7 @@
 #include "common/limits.h"
 #include "common/util.h"
 #include "net/socket.h"
+#include "net/tls.h"
 
 namespace kvblocks {
 
@@ -132,10 +133,12 @@ IoResult Classify(int err) {
 
 
 // SO_RCVLOWAT for one large receive: never above the bytes still to come (poll would then sleep
-// to the deadline), and back to 1 when the receive ends, for the small frames that follow.
+// to the deadline), and back to 1 when the receive ends, for the small frames that follow. Through
+// TLS the socket carries more bytes than arrive (record overhead) but OpenSSL may hold up to
+// `held` of them already read: the mark stays that far below what is still to come.
 class RecvLowat {
  public:
-  RecvLowat(int fd, const iovec *iov, size_t iovcnt) : fd_(fd) {
+  RecvLowat(int fd, const iovec *iov, size_t iovcnt, uint64_t held = 0) : fd_(fd), held_(held) {
     for (size_t i = 0; i < iovcnt; ++i) left_ += iov[i].iov_len;
     if (left_ >= kLowatMinBytes) Set(kRecvLowatBytes);
   }
@@ -145,7 +148,8 @@ class RecvLowat {
   void Moved(size_t n) { left_ -= std::min<uint64_t>(n, left_); }
   // Before a wait: the mark must not exceed what the peer will still send.
   void Fit() {
-    if (cur_ > 1 && left_ < cur_) Set(std::max<uint64_t>(left_, 1));
+    const uint64_t most = left_ > held_ ? left_ - held_ : 1;
+    if (cur_ > 1 && most < cur_) Set(std::max<uint64_t>(most, 1));
   }
 
  private:
@@ -154,11 +158,42 @@ class RecvLowat {
     if (setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &x, sizeof(x)) == 0) cur_ = v;
   }
   int fd_;
-  uint64_t left_ = 0, cur_ = 1;
+  uint64_t held_, left_ = 0, cur_ = 1;
 };
+
+// MoveIov through the fd's TLS session (net/tls.h): the same loop, with SSL_write/SSL_read in
+// place of sendmsg/recvmsg. A read lands straight in its destination.
+IoResult MoveIovTls(int fd, TlsConn *c, struct iovec *iov, size_t iovcnt, int64_t deadline, bool send) {
+  size_t first = 0;
+  RecvLowat lowat(fd, iov, send ? 0 : iovcnt, kTlsReadAheadBytes);  // a wake-up per 2 MiB, not per record
+  while (first < iovcnt) {
+    if (iov[first].iov_len == 0) {
+      ++first;
+      continue;
+    }
+    if (!send && deadline != 0 && NowNs() >= deadline) return IoResult::kTimeout;
+    short events = 0;
+    const ssize_t n = send ? TlsSendv(c, iov + first, iovcnt - first, &events)
+                           : TlsRecv(c, iov[first].iov_base, iov[first].iov_len, &events);
+    if (n == 0 && !send) return IoResult::kClosed;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN) return Classify(errno);
+      if (events == POLLIN) lowat.Fit();
+      const IoResult w = WaitFd(fd, events, deadline);  // OpenSSL has used every byte it had read
+      if (w != IoResult::kOk) return w;
+      continue;
+    }
+    Advance(iov, iovcnt, &first, static_cast<size_t>(n));
+    lowat.Moved(static_cast<size_t>(n));
+  }
+  return IoResult::kOk;
+}
 
 // Moves iov[0..iovcnt) with sendmsg/recvmsg, waiting on EAGAIN until the deadline.
 IoResult MoveIov(int fd, struct iovec *iov, size_t iovcnt, int64_t deadline, bool send) {
+  TlsConn *tls = TlsOf(fd);
+  if (tls != nullptr && !TlsKernel(tls, send)) return MoveIovTls(fd, tls, iov, iovcnt, deadline, send);
   size_t first = 0;
   RecvLowat lowat(fd, iov, send ? 0 : iovcnt);
   while (first < iovcnt) {
@@ -240,10 +275,26 @@ IoResult RecvHeader(int fd, FrameHeader *h, int64_t deadline) {
   return DecodeHeader(head, h) ? IoResult::kOk : IoResult::kError;
 }
 
-IoResult WaitReadable(int fd) { return WaitFd(fd, POLLIN, 0); }
+bool Buffered(int fd) {
+  TlsConn *c = TlsOf(fd);
+  return c != nullptr && TlsBuffered(c);
+}
+
+ssize_t SendSome(int fd, struct iovec *iov, size_t iovcnt) {
+  TlsConn *c = TlsOf(fd);
+  if (c != nullptr && !TlsKernel(c, true)) {
+    short events;
+    return TlsSendv(c, iov, iovcnt, &events);
+  }
+  msghdr m{};
+  CallWindow w(iov, iovcnt, &m);
+  return sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+IoResult WaitReadable(int fd) { return Buffered(fd) ? IoResult::kOk : WaitFd(fd, POLLIN, 0); }
 
 IoResult RecvReplyHeader(int fd, FrameHeader *h, int64_t deadline) {
-  const IoResult w = WaitFd(fd, POLLIN, deadline);
+  const IoResult w = Buffered(fd) ? IoResult::kOk : WaitFd(fd, POLLIN, deadline);
   return w == IoResult::kOk ? RecvHeader(fd, h, deadline) : w;
 }
 
@@ -286,7 +337,10 @@ size_t RecvBuffer::Take(void *p, size_t n) {
 IoResult RecvBuffer::Fill(int64_t deadline) {
   for (;;) {
     if (deadline != 0 && NowNs() >= deadline) return IoResult::kTimeout;
-    const ssize_t n = recv(fd_, buf_ + end_, sizeof(buf_) - end_, MSG_DONTWAIT);
+    short events = POLLIN;
+    TlsConn *c = TlsOf(fd_);
+    const ssize_t n = c != nullptr && !TlsKernel(c, false) ? TlsRecv(c, buf_ + end_, sizeof(buf_) - end_, &events)
+                                                           : recv(fd_, buf_ + end_, sizeof(buf_) - end_, MSG_DONTWAIT);
     if (n > 0) {
       end_ += static_cast<size_t>(n);
       return IoResult::kOk;
@@ -294,7 +348,7 @@ IoResult RecvBuffer::Fill(int64_t deadline) {
     if (n == 0) return IoResult::kClosed;
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return Classify(errno);
-    const IoResult w = WaitFd(fd_, POLLIN, deadline);
+    const IoResult w = WaitFd(fd_, events, deadline);
     if (w != IoResult::kOk) return w;
   }
 }

@@ -42,6 +42,12 @@ IoResult RecvHeader(int fd, FrameHeader *h, int64_t deadline);  // kError on bad
 // Waits without a deadline (serving threads, which shutdown() wakes) until `fd` is readable or hung
 // up, spinning first as every read; kError only when poll() fails.
 IoResult WaitReadable(int fd);
+// True when bytes of `fd` were read from the socket already and wait in its TLS session: poll()
+// would not see them, so a wait before a read checks this first (WaitReadable, RecvReplyHeader).
+bool Buffered(int fd);
+// One non-blocking sendmsg of what the socket takes now (through the TLS session, if any): bytes
+// written, or -1 with errno (EAGAIN: wait for POLLOUT, then call again with the same bytes first).
+ssize_t SendSome(int fd, struct iovec *iov, size_t iovcnt);
 // RecvHeader of the reply to a request this thread just wrote: waits for it (spinning first, as
 // every read) before the first read, which would otherwise fail with EAGAIN and cost a system call.
 IoResult RecvReplyHeader(int fd, FrameHeader *h, int64_t deadline);

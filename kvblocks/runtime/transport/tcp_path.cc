@@ -252,12 +252,7 @@ struct SendQueue {
   // it has not read could be holding the server up.
   IoResult Flush(int fd) {
     while (first < iov.size()) {
-      msghdr m{};
-      ssize_t n;
-      {
-        CallWindow w(iov.data() + first, iov.size() - first, &m);
-        n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-      }
+      const ssize_t n = SendSome(fd, iov.data() + first, iov.size() - first);
       if (n < 0) {
         if (errno == EINTR) continue;
         return errno == EAGAIN || errno == EWOULDBLOCK ? IoResult::kOk : IoResult::kClosed;
