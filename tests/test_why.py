@@ -6,6 +6,7 @@ from runtime threads too, reach logging.getLogger("kvblocks"). Peers are real se
 real sockets."""
 import logging
 import os
+import re
 import signal
 import socket
 import struct
@@ -202,6 +203,28 @@ def test_unknown_option_key_warned_not_refused(log):
         assert e.listen_address is None  # the typo did not start a listener
     finally:
         e.finalize()
+
+
+def test_every_option_key_is_known(log):
+    """Contract: every kvblocks option the engine reads (each OPTION_* of ext_types.h, and each
+    kb.OPTION_* constant Python exports) is in the known-keys table: none is warned about as unknown."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    header = os.path.join(os.path.dirname(here), "include", "kvblocks", "ext_types.h")
+    keys = {v for k, v in vars(kb).items() if k.startswith("OPTION_") and isinstance(v, str)}
+    if os.path.isfile(header):  # a source checkout: the header is the one source
+        with open(header) as f:
+            keys |= set(re.findall(r'constexpr const char OPTION_\w+\[\] = "([^"]+)"', f.read()))
+    assert "kvblocks.Encryption" in keys and "llm.ListenIpInfo" in keys
+    e = kb.LlmDataDist(5, kb.LlmRole.MIX)
+    try:
+        # Every key at once, with values the engine may refuse: unknown keys are warned about first.
+        e.initialize({k: "x" for k in keys} | {kb.OPTION_DEVICE_ID: "0"})
+    except kb.LLMException:
+        pass
+    finally:
+        e.finalize()
+    unknown = [r.getMessage() for r in log.records if "unknown option" in r.getMessage()]
+    assert not unknown, unknown
 
 
 def test_second_initialize_names_ignored_options(log):

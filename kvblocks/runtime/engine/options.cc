@@ -27,6 +27,10 @@ const char *const kKnownOptions[] = {
     OPTION_MAX_LINKS,
     OPTION_MAX_LINKS_PER_PEER,
     OPTION_UCX_TRUSTED_NETWORK,
+    OPTION_ENCRYPTION,
+    OPTION_TLS_CERT_FILE,
+    OPTION_TLS_KEY_FILE,
+    OPTION_TLS_CA_FILE,
 };
 
 std::string Lower(std::string s) {
