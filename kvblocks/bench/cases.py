@@ -2,7 +2,7 @@
 """The case matrix: kvblocks cases, each with the id of the baseline measured beside it.
 
 Groups (``--case`` takes a group name or a glob over case ids): validation, dispatch, shm, cma,
-tcp, async, scaling, limits, model, import, and base (the baselines, added to any selection that needs them).
+tcp, integrity, async, scaling, limits, model, import, and base (the baselines, added to any selection that needs them).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 from . import baselines as bl
-from . import cases_async, cases_hixl, cases_layerwise, cases_limits
+from . import cases_async, cases_hixl, cases_integrity, cases_layerwise, cases_limits
 from .common import (KiB, MiB, SCALE_BLOCK_BYTES, SCALE_BLOCKS, SCALE_BLOCKS_64B,
                      SCALE_FIXED_BYTES, SCALE_LAYERS, SIZES, TRANSFER_PATHS, VALIDATION_NS, Case, human_bytes,
                      transfer_key)
@@ -323,6 +323,7 @@ def all_cases():
         cases.append(bl.memcpy_case(2 * L * B * bb, pgroup=f"samehost-{size}"))
     for path in TRANSFER_PATHS:
         cases += _transfer_block(path)
+    cases += cases_integrity.integrity_cases(_transfer_case)
     cases += cases_async.async_cases()
     cases += cases_hixl.hixl_cases()
     L, _, bb, B = SIZES["large"]

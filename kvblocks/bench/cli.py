@@ -13,6 +13,8 @@ Groups (--case takes a group name or a glob over case ids, repeatable):
               placed on one CPU and on two, idle and busy
   ucx         kvblocks.Transport=ucx (needs the ucx extra) at 64 KiB / 4 MiB / 256 MiB per call, with
               --vs nixl: NIXL over the same UCX_TLS (KVBLOCKS_BENCH_UCX_TLS, default tcp), interleaved
+  integrity   the 256 MiB tcp pull and push with kvblocks.Integrity=crc32c, interleaved with the
+              same transfer unchecked (the ratio is the CRC32C's cost)
   async       pull_kv_blocks_async submission vs validation; 64 TCP pulls in flight vs in a row
   hixl        Hixl.transfer_sync vs the native pull_kv_blocks of the same bytes (16x4KiB and
               32 MiB; in-process, same host (cma) and TCP)

@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // CRC32C, reflected polynomial 0x82F63B78. The hardware loop runs three independent CRCs over three
 // adjacent blocks at once (the crc32 instruction has a latency of 3 cycles and a throughput of 1) and
-// joins them with precomputed "append N zero bytes" operators (after Mark Adler's crc32c.c).
+// joins them with precomputed "append N zero bytes" operators (after Mark Adler's crc32c.c). On x86-64
+// CPUs with AVX-512 and VPCLMULQDQ, long buffers are folded 256 bytes at a time with carry-less
+// multiplications instead (Intel's "Fast CRC computation using PCLMULQDQ", about 3x the crc32 loop),
+// and the last 16 folded bytes go through the crc32 instruction.
 #include "security/crc32c.h"
 
 #include <cstring>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
-#include <nmmintrin.h>
+#include <immintrin.h>
 #elif defined(__aarch64__)
 #include <arm_acle.h>
 #include <sys/auxv.h>
@@ -134,6 +137,79 @@ KVB_CRC_TARGET inline uint32_t Step8(uint32_t c, uint8_t b) { return __crc32cb(c
 bool CpuHasCrc() { return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0; }
 #endif
 
+#if defined(__x86_64__)
+// ---- carry-less folding (AVX-512 VPCLMULQDQ)
+// The pair of constants that moves a 128-bit lane `bytes` further down the stream: x^(8*bytes+32) and
+// x^(8*bytes-32) mod P, bit-reflected and shifted left by one (the reflected product's off-by-one).
+uint64_t FoldK(unsigned e) {
+  uint64_t r = 1;  // x^e mod P, bit i = coefficient of x^i
+  for (unsigned i = 0; i < e; ++i) {
+    r <<= 1;
+    if (r >> 32) r ^= 0x11EDC6F41ULL;
+  }
+  uint32_t rev = 0;
+  for (int i = 0; i < 32; ++i) rev |= ((r >> i) & 1u) << (31 - i);
+  return uint64_t{rev} << 1;
+}
+
+struct FoldConsts {
+  uint64_t k[5][2];  // lo, hi for 256, 64, 48, 32, 16 bytes
+  FoldConsts() {
+    const unsigned bytes[5] = {256, 64, 48, 32, 16};
+    for (int i = 0; i < 5; ++i) k[i][0] = FoldK(8 * bytes[i] + 32), k[i][1] = FoldK(8 * bytes[i] - 32);
+  }
+};
+const FoldConsts &Folds() {
+  static const FoldConsts f;
+  return f;
+}
+
+#define KVB_FOLD_TARGET __attribute__((target("avx512f,avx512vl,vpclmulqdq,pclmul,sse4.2")))
+KVB_FOLD_TARGET inline __m512i Fold512(__m512i x, __m512i k, __m512i data) {
+  return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, k, 0x00), _mm512_clmulepi64_epi128(x, k, 0x11), data,
+                                   0x96);
+}
+KVB_FOLD_TARGET inline __m128i Fold128(__m128i x, const uint64_t k[2], __m128i data) {
+  const __m128i kk = _mm_set_epi64x(static_cast<long long>(k[1]), static_cast<long long>(k[0]));
+  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, kk, 0x00), _mm_clmulepi64_si128(x, kk, 0x11)), data);
+}
+KVB_FOLD_TARGET inline __m512i Broadcast(const uint64_t k[2]) {
+  const long long lo = static_cast<long long>(k[0]), hi = static_cast<long long>(k[1]);
+  return _mm512_set_epi64(hi, lo, hi, lo, hi, lo, hi, lo);
+}
+
+// `c` (raw) over n >= 256 bytes; returns the raw CRC of what it folded and how many bytes that was
+// (a multiple of 16); the caller finishes the rest.
+KVB_FOLD_TARGET uint32_t FoldRaw(uint32_t c, const uint8_t *p, size_t n, size_t *done) {
+  const FoldConsts &f = Folds();
+  __m512i x[4];
+  for (int i = 0; i < 4; ++i) x[i] = _mm512_loadu_si512(p + 64 * i);
+  x[0] = _mm512_xor_si512(x[0], _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(c))));
+  size_t off = 256;
+  const __m512i k256 = Broadcast(f.k[0]);
+  for (; n - off >= 256; off += 256)
+    for (int i = 0; i < 4; ++i) x[i] = Fold512(x[i], k256, _mm512_loadu_si512(p + off + 64 * i));
+  const __m512i k64 = Broadcast(f.k[1]);
+  for (int i = 1; i < 4; ++i) x[i] = Fold512(x[i - 1], k64, x[i]);  // four accumulators into x[3]
+  // x[3]'s four lanes into its last one, then whole 16-byte blocks one at a time.
+  __m128i a = _mm512_extracti32x4_epi32(x[3], 3);
+  a = Fold128(_mm512_extracti32x4_epi32(x[3], 0), f.k[2], a);
+  a = Fold128(_mm512_extracti32x4_epi32(x[3], 1), f.k[3], a);
+  a = Fold128(_mm512_extracti32x4_epi32(x[3], 2), f.k[4], a);
+  for (; n - off >= 16; off += 16) a = Fold128(a, f.k[4], _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + off)));
+  *done = off;
+  // The folded 16 bytes, as data after a zero CRC, have the CRC of everything folded.
+  const uint64_t lo = static_cast<uint64_t>(_mm_cvtsi128_si64(a)), hi = static_cast<uint64_t>(_mm_extract_epi64(a, 1));
+  return static_cast<uint32_t>(_mm_crc32_u64(_mm_crc32_u64(0, lo), hi));
+}
+
+bool CpuCanFold() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul");
+}
+#endif
+
 #if defined(KVB_CRC_TARGET)
 // Three CRCs over blocks [p, p+len), [p+len, p+2len), [p+2len, p+3len), joined into `c`.
 KVB_CRC_TARGET uint32_t ThreeWay(uint32_t c, const uint8_t *p, size_t len, const Shift &shift) {
@@ -146,7 +222,27 @@ KVB_CRC_TARGET uint32_t ThreeWay(uint32_t c, const uint8_t *p, size_t len, const
   return shift(shift(c) ^ c1) ^ c2;
 }
 
+#if defined(__x86_64__)
+constexpr size_t kFoldMin = 1024;  // below it the crc32 loop wins: folding has a fixed cost
+bool UseFolding() {
+  static const bool yes = [] {
+    if (!CpuCanFold()) return false;
+    Folds();
+    return true;
+  }();
+  return yes;
+}
+#endif
+
 KVB_CRC_TARGET uint32_t HardwareRaw(uint32_t c, const uint8_t *p, size_t n) {
+#if defined(__x86_64__)
+  if (n >= kFoldMin && UseFolding()) {
+    size_t done = 0;
+    c = FoldRaw(c, p, n, &done);
+    p += done;
+    n -= done;
+  }
+#endif
   for (; n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0; --n) c = Step8(c, *p++);
   for (; n >= 3 * kLong; n -= 3 * kLong, p += 3 * kLong) c = ThreeWay(c, p, kLong, LongShift());
   for (; n >= 3 * kShort; n -= 3 * kShort, p += 3 * kShort) c = ThreeWay(c, p, kShort, ShortShift());
