@@ -62,8 +62,9 @@ def _integrity(by, add):
         r = by.get(f"tcp-crc32c/large/{d}/random")
         if r and r.get("ratio"):
             v = r["ratio"]  # checked time / unchecked time, the same rounds
+            gb = r["bytes"] / _base_med(r, by) / 1e9
             add(f"tcp large {d} with kvblocks.Integrity=crc32c vs without", f"{v:.3f}x", "<= 1.15x", v <= 1.15,
-                f"{r['GBps']:.2f} vs {r['bytes'] / _base_med(r, by) / 1e9:.2f} GB/s (interleaved)")
+                f"{r['GBps']:.2f} vs {gb:.2f} GB/s (interleaved)")
 
 
 def _limits(by, add):

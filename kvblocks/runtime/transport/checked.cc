@@ -25,9 +25,10 @@ struct Block {
   size_t Bytes(size_t pairs) const { return static_cast<size_t>(CrcBlockBytes(pairs)); }
 };
 
-// Walks the pairs of a stream in batches of about `batch` bytes (cutting large pairs), calling
-// `chunk(pair, p, n, first)` for each piece (`first`: the pair's first) and `flush(iov, group_end)` for each batch with its iovecs;
-// `group_end` says the group's last pair is in it (the caller appends the CRC block).
+// Walks the pairs of a stream in batches of about `batch` bytes (cutting large pairs) into `iov`,
+// calling `chunk(pair, p, n, first)` for each piece (`first`: the pair's first piece) and
+// `flush(group_end, g, end)` for each batch; `group_end`: the batch ends group [g, end), and the
+// caller appends its CRC block.
 template <typename Chunk, typename Flush>
 IoResult Walk(const PairList &pairs, uint64_t batch, std::vector<iovec> *iov, Chunk &&chunk, Flush &&flush) {
   uint64_t in_batch = 0;

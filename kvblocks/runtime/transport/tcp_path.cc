@@ -184,7 +184,8 @@ Status TcpPath::Exchange(int fd, std::vector<iovec> &iov, size_t head, bool pull
 
 // Names the pair whose CRC differed by this side's tensor and block (pull: where it landed; push:
 // where it came from), the peer's cache and cluster.
-Status TcpPath::Mismatch(const Plan &plan, const Piece &piece, const CacheEntry &local, bool pull, uint64_t pair) const {
+Status TcpPath::Mismatch(const Plan &plan, const Piece &piece, const CacheEntry &local, bool pull,
+                         uint64_t pair) const {
   const size_t ns = piece.seg_end - piece.seg_begin;
   const uint32_t t = (pull ? plan.dst_tensors : plan.src_tensors)[pair / ns];
   const Segment &g = plan.segs[piece.seg_begin + pair % ns];
