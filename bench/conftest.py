@@ -1,17 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """pytest-benchmark suite: ``pytest bench/`` (not part of the normal ``pytest`` run, testpaths=tests).
 
-Every case comes from ``kvblocks.bench`` (the same matrix as ``python -m kvblocks bench``), so the
+Every case comes from ``kvblocks_bench`` (the same matrix as ``python -m kvblocks bench``), so the
 two never disagree on what a case moves. The peer is a real second process (multiprocessing
 spawn) holding its own LlmDataDist; one per transport, shared by the whole session. Each
 transfer case also checks once that the moved blocks are the right ones.
 """
 import pytest
 
-pytest.importorskip("numpy", reason="the benchmarks need numpy: pip install 'kvblocks[bench]'")
-pytest.importorskip("pytest_benchmark", reason="the benchmarks need pytest-benchmark: pip install 'kvblocks[bench]'")
+_GET = "pip install ./bench '.[bench]' (in a kvblocks checkout)"
+pytest.importorskip("numpy", reason=f"the benchmarks need numpy: {_GET}")
+pytest.importorskip("pytest_benchmark", reason=f"the benchmarks need pytest-benchmark: {_GET}")
 
-from kvblocks import bench as kbb  # noqa: E402
+import kvblocks_bench as kbb  # noqa: E402
 
 # rounds for slow (large) cases, timed one call per round after warm-up calls
 LARGE_ROUNDS = 10

@@ -3,7 +3,7 @@
 64 small TCP pulls in flight vs 64 sequential synchronous pulls."""
 import pytest
 
-from kvblocks.bench import cases_for
+from kvblocks_bench import cases_for
 
 
 @pytest.mark.parametrize("case", cases_for(["async"]), ids=str)

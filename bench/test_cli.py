@@ -8,12 +8,19 @@ import sys
 import pytest
 
 
-def _run(tmp_path, *args):
+def _env():
+    """The environment of a child that imports the same kvblocks and kvblocks_bench as this process."""
     import kvblocks
+    import kvblocks_bench
 
-    env = dict(os.environ)  # the child imports the same kvblocks as this process
-    root = os.path.dirname(os.path.dirname(os.path.abspath(kvblocks.__file__)))
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = dict(os.environ)
+    roots = [os.path.dirname(os.path.dirname(os.path.abspath(m.__file__))) for m in (kvblocks, kvblocks_bench)]
+    env["PYTHONPATH"] = os.pathsep.join(roots + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def _run(tmp_path, *args):
+    env = _env()
     return subprocess.run([sys.executable, "-m", "kvblocks", "bench", *args], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=300)
 
@@ -57,7 +64,7 @@ def test_summary_of_runs(tmp_path):
         r = _run(tmp_path, "--case", "dispatch/pull-16x16B", "--quick", "--json", str(p), "--no-progress")
         assert r.returncode == 0, r.stderr
         paths.append(str(p))
-    from kvblocks.bench import summary
+    from kvblocks_bench import summary
 
     runs = [json.loads(open(p).read()) for p in paths]
     table = summary.targets_table(runs)
@@ -71,13 +78,15 @@ def test_summary_of_runs(tmp_path):
 def test_summary_cli_help_and_bad_files(tmp_path):
     """``--help`` prints usage (it was once read as a file name); a missing or foreign file is an
     argparse error naming the file, exit 2, not a traceback."""
-    run = [sys.executable, "-m", "kvblocks.bench.summary"]
-    h = subprocess.run(run + ["--help"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    run = [sys.executable, "-m", "kvblocks_bench.summary"]
+    h = subprocess.run(run + ["--help"], capture_output=True, text=True, cwd=tmp_path, timeout=60, env=_env())
     assert h.returncode == 0 and "RUN.json" in h.stdout
-    missing = subprocess.run(run + ["nope.json"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    missing = subprocess.run(run + ["nope.json"], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                             env=_env())
     assert missing.returncode == 2 and "nope.json" in missing.stderr and "Traceback" not in missing.stderr
     (tmp_path / "other.json").write_text("{}")
-    foreign = subprocess.run(run + ["other.json"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    foreign = subprocess.run(run + ["other.json"], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                             env=_env())
     assert foreign.returncode == 2 and "not a kvblocks bench --json file" in foreign.stderr
 
 
@@ -104,7 +113,7 @@ def test_placement_pins_both_ends_and_frees_them(place):
     """The one-cpu cases put every thread of the bench and of its tcp peer on one CPU, the two-cpu
     cases the bench's on its first CPU and the peer's on its last; both give every CPU back after
     the row."""
-    from kvblocks import bench as kbb
+    import kvblocks_bench as kbb
 
     h = kbb.Harness()
     try:
@@ -124,7 +133,7 @@ def test_placement_pins_both_ends_and_frees_them(place):
 def test_cpu_load_busies_every_cpu_even_after_one_cpu():
     """The loaded cases run one busy loop on each CPU the bench started with, also when the bench
     itself is pinned to one CPU first (loaded/one-cpu): the loops must not inherit that pin."""
-    from kvblocks import bench as kbb
+    import kvblocks_bench as kbb
 
     h = kbb.Harness()
     try:
@@ -178,9 +187,9 @@ def test_cli_cma_is_timed_beside_shm_and_the_kernel_floor(tmp_path):
 def test_raw_cma_floor_moves_the_blocks_from_one_pinned_thread_per_cpu():
     """The kernel's-floor baseline copies every block (process_vm_readv from the peer's arrays) from
     one thread per CPU, each pinned to its own CPU."""
-    from kvblocks import bench as kbb
-    from kvblocks.bench import baselines as bl
-    from kvblocks.bench.markers import check_blocks
+    import kvblocks_bench as kbb
+    from kvblocks_bench import baselines as bl
+    from kvblocks_bench.markers import check_blocks
 
     h = kbb.Harness()
     try:
@@ -202,9 +211,9 @@ def test_raw_cma_floor_moves_the_blocks_from_one_pinned_thread_per_cpu():
 def test_raw_cma_floor_repeats_each_share_in_a_row(monkeypatch):
     """With ``repeat`` the floor's threads each copy their share of that many calls per sample: one
     syscall per thread and call here, and the blocks land."""
-    from kvblocks import bench as kbb
-    from kvblocks.bench import baselines as bl
-    from kvblocks.bench.markers import check_blocks
+    import kvblocks_bench as kbb
+    from kvblocks_bench import baselines as bl
+    from kvblocks_bench.markers import check_blocks
 
     made = bl._cma_call
     calls = []
@@ -258,7 +267,7 @@ def test_unpinned_round_trip_target_names_the_placed_round_trips(load, say):
     """The unpinned 16 x 4 KiB target, idle or loaded, reports the one-CPU and two-CPU ping-pongs
     and pulls of the same run and load (the scheduler may place the two round trips differently);
     the placed targets do not."""
-    from kvblocks.bench.targets import targets
+    from kvblocks_bench.targets import targets
 
     rows = [{"id": f"tcp/raw-pingpong-8B{load}", "median_s": 20e-6},
             {"id": f"tcp/small/pull/random{load}", "median_s": 76e-6, "ratio": 3.8,

@@ -3,7 +3,7 @@
 (time.sleep of one layer's transfer time), vs compute then push (serial) and vs compute alone."""
 import pytest
 
-from kvblocks.bench import cases_for
+from kvblocks_bench import cases_for
 
 
 @pytest.mark.parametrize("case", cases_for(["layerwise"]), ids=str)

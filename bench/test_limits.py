@@ -3,7 +3,7 @@
 2-32 MiB beside a plain process_vm_readv loop, and transfers shaped like public models' KV caches."""
 import pytest
 
-from kvblocks.bench import cases_for
+from kvblocks_bench import cases_for
 
 
 @pytest.mark.parametrize("case", cases_for(["limits", "model"]), ids=str)

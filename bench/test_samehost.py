@@ -7,7 +7,7 @@ and a numpy block gather (np.take) of the same blocks.
 """
 import pytest
 
-from kvblocks.bench import cases_for
+from kvblocks_bench import cases_for
 
 
 @pytest.mark.parametrize("case", cases_for(["shm", "cma"], extra=("base/memcpy/64KiB", "base/memcpy/256MiB")), ids=str)

@@ -3,7 +3,7 @@
 and at a fixed 64-byte block size up to 1M blocks, and vs layers. Baseline: memcpy of the bytes."""
 import pytest
 
-from kvblocks.bench import cases_for
+from kvblocks_bench import cases_for
 
 
 @pytest.mark.parametrize("case", cases_for(["scaling"]), ids=str)

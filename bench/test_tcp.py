@@ -4,7 +4,7 @@ the same bytes to the peer process, a raw 8-byte ping-pong, and the 16 x 4 KiB p
 over a raw socket."""
 import pytest
 
-from kvblocks.bench import cases_for
+from kvblocks_bench import cases_for
 
 
 @pytest.mark.parametrize("case", cases_for(["tcp"]), ids=str)
@@ -16,7 +16,7 @@ def test_raw_blocks_baseline_moves_the_blocks_it_names(harness, monkeypatch):
     """The raw-socket floor of the 16 x 4 KiB pull really moves those blocks: each destination
     block holds its source block's byte. Negative control: expecting other bytes here (the peer
     process, unpatched, still sends the right ones) counts every block as wrong."""
-    from kvblocks.bench import baselines as bl
+    from kvblocks_bench import baselines as bl
 
     fn, verify = bl.raw_blocks_case().make(harness)
     fn()

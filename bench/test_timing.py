@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""kvblocks.bench.timing: how interleaved sides take their turns."""
-from kvblocks.bench.timing import LocalSide, measure_interleaved
+"""kvblocks_bench.timing: how interleaved sides take their turns."""
+from kvblocks_bench.timing import LocalSide, measure_interleaved
 
 
 def test_no_side_always_follows_the_same_one():

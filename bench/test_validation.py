@@ -3,7 +3,7 @@
 and the in-process dispatch of pull_kv_blocks vs a memcpy of the same bytes (group dispatch)."""
 import pytest
 
-from kvblocks.bench import cases_for
+from kvblocks_bench import cases_for
 
 
 @pytest.mark.parametrize("case", cases_for(["validation"]), ids=str)

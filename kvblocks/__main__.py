@@ -8,6 +8,9 @@ _DESCRIPTION = "KV-cache block transfer for disaggregated LLM serving (CANN LLM-
 _EPILOG = """\
 examples:
   kvblocks demo                      a Prompt and a Decoder process move real blocks, verified
+  kvblocks demo --listen IP:PORT     the Prompt side for another host ...
+  kvblocks demo --connect IP:PORT    ... and the Decoder side there
+  kvblocks ping IP:PORT              path, round trip and bandwidth of a link to a demo listener
   kvblocks bench --case shm          the benchmark matrix (kvblocks bench --help)
   g++ app.cpp $(kvblocks --cflags --libs)
 
@@ -17,7 +20,8 @@ folder would hide the installed package."""
 # Commands whose arguments belong to them: everything after the name is passed on unparsed.
 _COMMANDS = {
     "demo": "run the two-process demo (kvblocks demo --help)",
-    "bench": "run the benchmark matrix (kvblocks bench --help; needs kvblocks[bench])",
+    "ping": "measure a link to a 'kvblocks demo --listen' peer (kvblocks ping --help)",
+    "bench": "run the benchmark matrix (kvblocks bench --help; needs kvblocks-bench: pip install ./bench)",
 }
 
 
@@ -55,10 +59,63 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return ap
 
 
+def _ping(argv, prog: str) -> int:
+    """``kvblocks ping IP:PORT``: link to a demo listener, print the path, round trip and bandwidth.
+
+    Returns 1 with a one-line error when the link or a pull fails or the listener does not answer.
+
+    Raises:
+        SystemExit: status 2 with a usage message for a bad argument or address.
+    """
+    import kvblocks
+    from kvblocks import remote
+
+    ap = argparse.ArgumentParser(prog=prog, description="Link to a 'kvblocks demo --listen' peer and print the "
+                                 "data path chosen, the round trip of a 4 KiB pull and the bandwidth of a 32 MiB "
+                                 "pull (medians). Set KVBLOCKS_AUTH_TOKEN as on the listener.")
+    ap.add_argument("addr", metavar="IP:PORT", help="the listener's address")
+    ap.add_argument("--count", type=int, default=10, metavar="N", help="pulls of each size (default 10)")
+    ap.add_argument("--transport", choices=["auto", "shm", "tcp"], default="auto", help="force a data path")
+    args = ap.parse_args(argv)
+    if args.count < 1:
+        ap.error("--count must be at least 1")
+    try:
+        remote.parse_addr(args.addr, listening=False)
+    except ValueError as e:
+        ap.error(str(e))
+    try:
+        return remote.run_ping(args.addr, count=args.count, transport=args.transport)
+    except (kvblocks.LLMException, TimeoutError) as e:
+        print(f"{prog}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+_NO_BENCH = """\
+kvblocks bench: the benchmark is a separate package, kvblocks-bench, built from the bench/ folder of
+the kvblocks source repository (it is not part of the kvblocks wheel). From a checkout:
+
+    pip install ./bench          # or: pip install . ./bench
+
+then run 'kvblocks bench --help'."""
+
+
+def _bench(argv) -> int:
+    """``kvblocks bench``: the benchmark matrix from the kvblocks-bench package; 2 with how to get it
+    when it is not installed. Raises whatever the bench raises (SystemExit for its usage errors)."""
+    try:
+        import kvblocks_bench
+    except ImportError as e:
+        if getattr(e, "name", None) != "kvblocks_bench":
+            raise  # the bench is there but broken: show why
+        print(_NO_BENCH, file=sys.stderr)
+        return 2
+    return kvblocks_bench.main(argv)
+
+
 def main(argv=None) -> int:
     """Run the ``kvblocks`` command line; returns the exit status.
 
-    ``demo`` and ``bench`` receive the rest of the arguments unparsed; ``--cflags``/``--libs`` print
+    ``demo``, ``ping`` and ``bench`` receive the rest of the arguments unparsed; ``--cflags``/``--libs`` print
     their flags in the order given; no arguments prints the help.
 
     Raises:
@@ -74,10 +131,10 @@ def main(argv=None) -> int:
         from kvblocks import demo
 
         return demo.main(argv[1:], prog=f"{prog} demo")
+    if argv and argv[0] == "ping":
+        return _ping(argv[1:], prog=f"{prog} ping")
     if argv and argv[0] == "bench":
-        from kvblocks import benchmark
-
-        return benchmark.main(argv[1:])
+        return _bench(argv[1:])
     ap = _parser(prog)
     args = ap.parse_args(argv)
     if args.command is not None:  # e.g. "--cflags demo": commands take no top-level options

@@ -4,6 +4,10 @@
 The Prompt (a second process) fills its cache with a known pattern and listens; the Decoder (this
 process) links over TCP, pulls blocks {1,3,5,7} into {0,2,4,6}, then the Prompt pushes layer 3 with
 reversed blocks. Every byte is checked; bytes, time and the chosen data path are printed.
+
+Across two hosts: 'kvblocks demo --listen IP:PORT' on one (the Prompt; it serves until Ctrl-C, or
+--count peers), 'kvblocks demo --connect IP:PORT' on the other (the Decoder). Both need the same
+KVBLOCKS_AUTH_TOKEN when the listener has one. 'kvblocks ping IP:PORT' measures a link to a listener.
 """
 import argparse
 import multiprocessing as mp
@@ -44,19 +48,52 @@ def _prompt(port, transport, ready, go, done):
     dd.finalize()
 
 
+def _two_hosts(ap: argparse.ArgumentParser, args) -> int:
+    from kvblocks import remote
+
+    try:
+        if args.connect:
+            return remote.run_connect(args.connect, transport=args.transport)
+        listener = remote.Listener(args.listen, transport=args.transport)
+    except ValueError as e:
+        ap.error(str(e))
+    except (kb.LLMException, TimeoutError) as e:
+        print(f"{ap.prog}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    dial = args.listen.replace("0.0.0.0:", "<this host's IP>:")
+    try:
+        print(f"listening on {args.listen} as cluster {listener.cluster_id}; on another host run:\n"
+              f"  kvblocks demo --connect {dial}    (or: kvblocks ping {dial})", flush=True)
+        return listener.serve(count=args.count)
+    finally:
+        listener.close()
+
+
 def main(argv=None, prog: str = "kvblocks demo") -> int:
     """Run the demo (``kvblocks demo``); returns 0 when every byte checked out, 1 otherwise.
 
     Raises:
-        SystemExit: status 0 after ``--help``, 2 with a usage message for a bad argument (argparse).
-        kvblocks.LLMException: a kvblocks call failed (subclasses such as ``LinkError`` name the cause).
+        SystemExit: status 0 after ``--help``, 2 with a usage message for a bad argument (argparse),
+            including an address that is not ``IPV4:PORT``.
+        kvblocks.LLMException: a kvblocks call of the one-host demo failed (subclasses such as ``LinkError``
+            name the cause). With ``--listen``/``--connect`` such failures, and a listener that does not
+            answer, are printed on one line and the status is 1.
         queue.Empty: the Prompt process did not answer within 60 s (it failed to start or crashed).
     """
     summary, details = __doc__.split("\n\n", 1)
     ap = argparse.ArgumentParser(prog=prog, description=summary, epilog=details)
     ap.add_argument("--transport", choices=["auto", "shm", "tcp"], default="auto",
                     help="data path: auto picks shared memory on one host, TCP otherwise")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--listen", metavar="IP:PORT", help="be the Prompt side for peers on other hosts")
+    where.add_argument("--connect", metavar="IP:PORT", help="be the Decoder side of a --listen demo")
+    ap.add_argument("--count", type=int, default=0, metavar="N",
+                    help="with --listen: exit after N peers finished (default: serve until Ctrl-C)")
     args = ap.parse_args(argv)
+    if args.count and not args.listen:
+        ap.error("--count goes with --listen")
+    if args.listen or args.connect:
+        return _two_hosts(ap, args)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -2,7 +2,7 @@
 """kvblocks bench --against: the regression guard runs both builds in real worker processes."""
 import pytest
 
-from kvblocks.bench import against
+from kvblocks_bench import against
 
 
 def test_against_a_built_folder_compares_every_case_of_the_path():

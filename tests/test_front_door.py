@@ -25,9 +25,14 @@ def clean_env(**extra):
     return env
 
 
-def cli(*args, tmp_path):
-    """``python -m kvblocks ARGS`` outside the checkout, importing the kvblocks this suite tests."""
-    env = clean_env(PYTHONPATH=os.path.dirname(PKG))
+BENCH_SRC = os.path.join(ROOT, "bench")  # kvblocks-bench's source (kvblocks_bench), in a checkout
+
+
+def cli(*args, tmp_path, bench=True):
+    """``python -m kvblocks ARGS`` outside the checkout, importing the kvblocks this suite tests (and,
+    with ``bench``, the checkout's kvblocks-bench, as after ``pip install ./bench``)."""
+    path = [os.path.dirname(PKG)] + ([BENCH_SRC] if bench and os.path.isdir(BENCH_SRC) else [])
+    env = clean_env(PYTHONPATH=os.pathsep.join(path))
     return subprocess.run([sys.executable, "-m", "kvblocks", *args], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=120)
 
@@ -104,6 +109,14 @@ def test_bench_gets_its_arguments(tmp_path):
     r = cli("bench", "--help", tmp_path=tmp_path)
     assert r.returncode == 0 and "usage:" in r.stdout and "--case" in r.stdout, r
     assert not RST.search(r.stdout), r.stdout
+
+
+def test_bench_without_its_package_says_how_to_get_it(tmp_path):
+    """Contract: the bench is not in the kvblocks wheel; without kvblocks-bench, ``kvblocks bench``
+    says where it comes from (exit 2), and importing kvblocks never needed it."""
+    r = cli("bench", "--help", tmp_path=tmp_path, bench=False)
+    assert r.returncode == 2 and "pip install ./bench" in r.stderr and "kvblocks-bench" in r.stderr, r
+    assert not os.path.isdir(os.path.join(PKG, "bench")), "the bench is back inside the kvblocks package"
 
 
 def test_public_functions_say_what_they_raise():

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cache/region.h"
-#include "cache/table.h"
+#include "wire/table.h"
 #include "llm_datadist/llm_datadist.h"
 
 namespace kvblocks {

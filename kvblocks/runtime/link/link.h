@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/table.h"
+#include "wire/table.h"
 #include "llm_datadist/llm_datadist.h"
 #include "transport/local_peer.h"
 #include "transport/path.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/table.h"
+#include "wire/table.h"
 #include "common/limits.h"
 #include "security/auth.h"
 

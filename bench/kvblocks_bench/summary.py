@@ -2,7 +2,7 @@
 """Several runs of ``kvblocks bench --json`` side by side: each run's date and load, and every target's
 value in each run with the median over runs (what bench/RESULTS.md shows).
 
-    python -m kvblocks.bench.summary run1.json run2.json run3.json > summary.md
+    python -m kvblocks_bench.summary run1.json run2.json run3.json > summary.md
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def targets_table(runs):
 def main(argv=None):
     """Prints both tables for the JSON files named in ``argv`` (``--help`` for usage). Raises
     SystemExit (bad arguments, an unreadable or foreign file: argparse's message, exit 2)."""
-    ap = argparse.ArgumentParser(prog="python -m kvblocks.bench.summary",
+    ap = argparse.ArgumentParser(prog="python -m kvblocks_bench.summary",
                                  description="Several runs of kvblocks bench --json side by side.")
     ap.add_argument("runs", nargs="+", metavar="RUN.json", help="files written by kvblocks bench --json")
     args = ap.parse_args(argv)

@@ -3,7 +3,7 @@
 
 A *side* is anything with ``calibrate(n) -> seconds per call`` and ``turn(batch, m) -> samples``:
 a function in this process (:class:`LocalSide`) or a peer engine in its own process
-(:class:`kvblocks.bench.engines.EngineSide`). A case, its baseline, its pull counterpart and the
+(:class:`kvblocks_bench.engines.EngineSide`). A case, its baseline, its pull counterpart and the
 peer engines compared with it are measured in the same rounds, one turn each, so that a load
 change on a shared machine hits all of them alike and their ratios can be taken directly.
 """

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from . import baselines as bl
-from . import cases as _cases  # transfer_fns, looked up at call time (cases imports this module)
+from .transfers import transfer_fns
 from .common import KiB, MiB, TRANSFER_PATHS, Case, human_bytes
 from .common import np as _np
 from .markers import id_lists
@@ -98,7 +98,7 @@ def _shape_case(id, group, path, nt, nb, bb, B, direction, baseline, pgroup, not
         p = h.pair(path, nt, nb, bb)
         rng = _np().random.default_rng(hash(id) & 0xFFFF)
         ext = None if per_layer == 2 else kb.KvCacheExtParam((-1, -1), (-1, -1), per_layer)  # MLA: 1 per layer
-        return _cases.transfer_fns(h, p, direction, id_lists(rng, nb, B, "random", 16), rng, "random", B, ext)
+        return transfer_fns(h, p, direction, id_lists(rng, nb, B, "random", 16), rng, "random", B, ext)
 
     return Case(id, group, make, baseline=baseline, bytes=nt * B * bb, blocks=nt * B, reps=_reps(nt * B * bb),
                 path=path, pgroup=pgroup, note=note, series=series)

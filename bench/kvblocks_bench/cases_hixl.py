@@ -41,7 +41,7 @@ class _RemoteSide:
     def __init__(self, nt, nb, bb, transport, fill=0):
         import kvblocks as kb
         import kvblocks.hixl as hx
-        from kvblocks.bench.harness import free_port
+        from kvblocks_bench.harness import free_port
 
         np = _np()
         self.buf = np.full(nt * nb * bb, fill, np.uint8)

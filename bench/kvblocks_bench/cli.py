@@ -159,7 +159,8 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     missing = [m for m in DEPS if importlib.util.find_spec(m) is None]
     if missing:
-        print(f"the benchmarks need {', '.join(missing)}: pip install 'kvblocks[bench]'", file=sys.stderr)
+        print(f"the benchmarks need {', '.join(missing)}: pip install ./bench (in a kvblocks checkout)",
+              file=sys.stderr)
         return 2
     if args.against:
         return _against(args)

@@ -7,7 +7,6 @@ tcp, integrity, async, scaling, limits, model, import, and base (the baselines, 
 from __future__ import annotations
 
 import fnmatch
-import itertools
 import os
 import subprocess
 import sys
@@ -20,39 +19,7 @@ from .common import (KiB, MiB, SCALE_BLOCK_BYTES, SCALE_BLOCKS, SCALE_BLOCKS_64B
                      transfer_key)
 from .common import np as _np
 from .markers import check_blocks, id_lists, mark_blocks
-
-
-# ----------------------------------------------------------------------------- transfers
-def transfer_fns(h, p, direction, lists, rng, pattern, B, ext=None):
-    """``(fn, verify)`` for pull or push of ``lists`` (cycled) on pair ``p``. Raises nothing; ``fn``
-    raises kvblocks.LLMException on a failed transfer, ``verify`` also RuntimeError from the peer."""
-    dd, idx, cache = p.dd, p.index, p.cache
-    it = itertools.cycle(lists)
-    if direction == "pull":
-        pull = dd.pull_kv_blocks
-
-        def fn():
-            s, d = next(it)
-            pull(idx, cache, s, d, ext)
-    else:
-        push = dd.push_kv_blocks
-
-        def fn():
-            s, d = next(it)
-            push(cache, idx, s, d, ext)
-
-    def verify():
-        s, d = id_lists(rng, p.nb, B, pattern, 1)[0]
-        nonce = next(h.nonce)
-        if direction == "pull":
-            p.peer.call("mark", p.rkey, s, nonce)
-            dd.pull_kv_blocks(idx, cache, s, d, ext)
-            return check_blocks(p.arrays, d, s, nonce)
-        mark_blocks(p.arrays, s, nonce)
-        dd.push_kv_blocks(cache, idx, s, d, ext)
-        return p.peer.call("check", p.rkey, d, s, nonce)
-
-    return fn, verify
+from .transfers import transfer_fns
 
 
 def _base_for(path, size, pattern):

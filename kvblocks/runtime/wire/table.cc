@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "cache/table.h"
+#include "wire/table.h"
 
 #include "common/limits.h"
 #include "wire/codec.h"

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The cache table exchanged at link time. Each entry carries per-transport descriptors, so a peer
 // that does not know a transport skips its descriptor and still links over TCP.
-#ifndef KVBLOCKS_RUNTIME_CACHE_TABLE_H_
-#define KVBLOCKS_RUNTIME_CACHE_TABLE_H_
+#ifndef KVBLOCKS_RUNTIME_WIRE_TABLE_H_
+#define KVBLOCKS_RUNTIME_WIRE_TABLE_H_
 
 #include <cstdint>
 #include <string>
@@ -57,4 +57,4 @@ bool DecodeTable(Reader *r, std::vector<TableEntry> *caches);
 
 }  // namespace kvblocks
 
-#endif  // KVBLOCKS_RUNTIME_CACHE_TABLE_H_
+#endif  // KVBLOCKS_RUNTIME_WIRE_TABLE_H_
