@@ -192,10 +192,10 @@ KVB_FOLD_TARGET uint32_t FoldRaw(uint32_t c, const uint8_t *p, size_t n, size_t 
   const __m512i k64 = Broadcast(f.k[1]);
   for (int i = 1; i < 4; ++i) x[i] = Fold512(x[i - 1], k64, x[i]);  // four accumulators into x[3]
   // x[3]'s four lanes into its last one, then whole 16-byte blocks one at a time.
-  __m128i a = _mm512_extracti32x4_epi32(x[3], 3);
-  a = Fold128(_mm512_extracti32x4_epi32(x[3], 0), f.k[2], a);
-  a = Fold128(_mm512_extracti32x4_epi32(x[3], 1), f.k[3], a);
-  a = Fold128(_mm512_extracti32x4_epi32(x[3], 2), f.k[4], a);
+  __m128i a = _mm512_maskz_extracti32x4_epi32(0xF, x[3], 3);
+  a = Fold128(_mm512_maskz_extracti32x4_epi32(0xF, x[3], 0), f.k[2], a);
+  a = Fold128(_mm512_maskz_extracti32x4_epi32(0xF, x[3], 1), f.k[3], a);
+  a = Fold128(_mm512_maskz_extracti32x4_epi32(0xF, x[3], 2), f.k[4], a);
   for (; n - off >= 16; off += 16) a = Fold128(a, f.k[4], _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + off)));
   *done = off;
   // The folded 16 bytes, as data after a zero CRC, have the CRC of everything folded.
