@@ -72,9 +72,12 @@ try:
         IpInfo,
         KvCacheExtParam,
         LayerPush,
+        LINK_FAILURE_REASONS,
+        LinkFailure,
         LlmDataDist,
         LlmRole,
         TransferHandle,
+        route_logs_to_python,
         validate_blocks,
         wait_all,
     )
@@ -103,12 +106,12 @@ def get_library_dir() -> str:
 __all__ = [
     "Cache", "CacheDesc", "CacheIndex", "CacheNotExistError", "CachePlacement", "ClusterInfo", "DataType",
     "FeatureNotEnabledError", "IpInfo", "KvCacheExtParam", "LLMException", "LLMOutOfMemoryError",
-    "LLMTimeoutError", "LinkError", "LlmDataDist", "LlmRole", "ParamInvalidError", "Status",
+    "LLMTimeoutError", "LINK_FAILURE_REASONS", "LinkError", "LinkFailure", "LlmDataDist", "LlmRole", "ParamInvalidError", "Status",
     "OPTION_AUTH_TOKEN", "OPTION_BUF_POOL_CFG", "OPTION_DEVICE_ID", "OPTION_ENABLE_SET_ROLE",
     "OPTION_GLOBAL_RESOURCE_CONFIG", "OPTION_INTEGRITY", "OPTION_LISTEN_IP_INFO", "OPTION_LOCAL_COMM_RES",
     "OPTION_MAX_LINKS",
     "OPTION_MAX_LINKS_PER_PEER", "OPTION_ROLE_CHECK",
     "OPTION_SYNC_CACHE_WAIT_TIME", "OPTION_TRANSFER_BACKEND", "OPTION_TRANSPORT", "OPTION_UCX_TRUSTED_NETWORK",
-    "get_include",
+    "get_include", "route_logs_to_python",
     "get_library_dir", "validate_blocks", "TransferHandle", "wait_all", "LayerPush",
 ]

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Type stubs for the Cython core (kvblocks/_lib.pyx).
 import enum
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 _Blocks = Union[Sequence[int], Any]  # list/tuple of int, array('Q'), numpy integer arrays
 
@@ -130,6 +130,15 @@ class Cache:
 
 _CacheRef = Union[Cache, int]
 
+class LinkFailure(NamedTuple):
+    reason: str
+    status: int
+    message: str
+
+LINK_FAILURE_REASONS: Tuple[str, ...]
+
+def route_logs_to_python(enable: bool = ...) -> None: ...
+
 class LlmDataDist:
     @property
     def cluster_id(self) -> int: ...
@@ -169,6 +178,9 @@ class LlmDataDist:
                         dst_blocks: _Blocks, tensor_num_per_layer: int = ...) -> LayerPush: ...
     def _open_layer_push_pieces(self, src_cache: _CacheRef, dst_cluster_id: int, num_layers: int,
                                 pieces: Sequence[Tuple[Any, ...]], per_layer_deadline: bool = ...) -> LayerPush: ...
+    def link_failure(self, cluster_id: int) -> Optional[LinkFailure]: ...
+    @property
+    def listen_address(self) -> Optional[str]: ...
     def link_path(self, cluster_id: int) -> str: ...
     def send_notify(self, cluster_id: int, name: Union[str, bytes], message: Union[str, bytes],
                     timeout_in_millis: int = ...) -> None: ...

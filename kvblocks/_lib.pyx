@@ -24,6 +24,7 @@ from kvblocks._errors import Status as _Status
 
 include "_types.pxi"
 include "_blocks.pxi"
+include "_log.pxi"
 
 
 cdef int check_status(Status st, const char* what) except -1 nogil:
@@ -137,6 +138,7 @@ cdef class LlmDataDist:
         cdef Status st
         with nogil:
             st = self._impl.get().Initialize(opts)
+        _drain_logs()
         check_status(st, b"initialize")
 
     def finalize(self):
@@ -160,6 +162,7 @@ cdef class LlmDataDist:
         cdef Status st
         with nogil:
             st = self._impl.get().SetRole(r, opts)
+        _drain_logs()
         check_status(st, b"set_role")
         self._role = role
 
@@ -183,6 +186,7 @@ cdef class LlmDataDist:
         cdef Status st
         with nogil:
             st = self._impl.get().LinkLlmClusters(cs, rets, timeout_in_millis)
+        _drain_logs()
         if st != LLM_SUCCESS and rets.size() == 0:
             check_status(st, b"link_llm_clusters")
         return [_status(x) for x in rets]
@@ -558,6 +562,25 @@ cdef class LlmDataDist:
         return _open_layer_push_pieces(self, src_cache, dst_cluster_id, num_layers, pieces, per_layer_deadline)
 
     # ---------------------------------------------------------------- introspection
+    def link_failure(self, uint64_t cluster_id):
+        """Why the last :meth:`link_llm_clusters` to ``cluster_id`` failed, as a :class:`LinkFailure`
+        ``(reason, status, message)``, or ``None`` when it succeeded or none was made. ``reason`` is
+        one of :data:`LINK_FAILURE_REASONS` (``"refused"``, ``"unreachable"``, ``"timed_out"``,
+        ``"auth_refused"``, ``"wrong_cluster_id"``, ``"version_mismatch"``, ``"limit_exceeded"``,
+        ``"already_linked"``, ``"other"``); ``status`` is the status that call returned for the cluster."""
+        cdef CLinkFailure f
+        if not ImplAccess.LastLinkFailure(self._impl.get()[0], cluster_id, f):
+            return None
+        return LinkFailure(ImplAccess.LinkFailureReasonName(f.reason).decode(), _status(f.status),
+                           f.message.decode("utf-8", "replace"))
+
+    @property
+    def listen_address(self):
+        """``"ip:port"`` (``"[ip6]:port"``) the listener is bound to, with the port the kernel chose
+        for ``llm.ListenIpInfo`` ``ip:0``; ``None`` when this engine does not listen."""
+        cdef c_string a = ImplAccess.ListenAddress(self._impl.get()[0])
+        return a.decode() if a.size() else None
+
     def link_path(self, uint64_t cluster_id):
         """Data path towards a linked peer: ``"inprocess"``, ``"shm"``, ``"cma"``, ``"shm+cma"``,
         ``"tcp"``, or ``""`` when not linked."""
@@ -713,6 +736,15 @@ cdef c_string _notify_bytes(object v, str what) except *:
     if isinstance(v, bytes):
         return <bytes>v
     raise TypeError(f"{what} must be str or bytes, got {type(v).__name__}")
+
+
+import collections as _collections
+
+LinkFailure = _collections.namedtuple("LinkFailure", ["reason", "status", "message"])
+LinkFailure.__doc__ = ("Why a link failed (LlmDataDist.link_failure): ``reason`` (one of LINK_FAILURE_REASONS), "
+                       "``status`` (what link_llm_clusters returned for it) and ``message``.")
+LINK_FAILURE_REASONS = ("refused", "unreachable", "timed_out", "auth_refused", "wrong_cluster_id",
+                        "version_mismatch", "limit_exceeded", "already_linked", "other")
 
 
 cdef _status(Status s):

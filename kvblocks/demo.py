@@ -60,9 +60,10 @@ def _two_hosts(ap: argparse.ArgumentParser, args) -> int:
     except (kb.LLMException, TimeoutError) as e:
         print(f"{ap.prog}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    dial = args.listen.replace("0.0.0.0:", "<this host's IP>:")
+    bound = listener.dd.listen_address  # the port the kernel gave when asked for port 0
+    dial = bound.replace("0.0.0.0:", "<this host's IP>:")
     try:
-        print(f"listening on {args.listen} as cluster {listener.cluster_id}; on another host run:\n"
+        print(f"listening on {bound} as cluster {listener.cluster_id}; on another host run:\n"
               f"  kvblocks demo --connect {dial}    (or: kvblocks ping {dial})", flush=True)
         return listener.serve(count=args.count)
     finally:

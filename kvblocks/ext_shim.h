@@ -16,6 +16,9 @@
 
 namespace kvblocks {
 inline const char *LastErrorMessage() noexcept { return ""; }
+// CANN logs through its own facility: there is no runtime log to route.
+using LogCallback = void (*)(void *user, int level, const char *message);
+inline void SetLogCallback(LogCallback, void *) noexcept {}
 // Asynchronous transfers are a kvblocks runtime feature: against CANN no handle is ever valid.
 class TransferHandle {
  public:
@@ -69,6 +72,9 @@ struct ImplAccess {
   }
   static std::shared_ptr<void> PinCacheMemory(llm_datadist::LlmDataDist &, int64_t) { return nullptr; }
   static int LinkChannels(llm_datadist::LlmDataDist &, uint64_t) { return 0; }
+  static bool LastLinkFailure(llm_datadist::LlmDataDist &, uint64_t, LinkFailure &) noexcept { return false; }
+  static const char *LinkFailureReasonName(LinkFailureReason) noexcept { return "other"; }
+  static std::string ListenAddress(llm_datadist::LlmDataDist &) noexcept { return ""; }
   static bool HasLinks(llm_datadist::LlmDataDist &) { return false; }
   static llm_datadist::Status SetBatchKeys(llm_datadist::LlmDataDist &, int64_t, const std::vector<int64_t> &) noexcept {
     return llm_datadist::LLM_FEATURE_NOT_ENABLED;

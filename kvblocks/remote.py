@@ -27,13 +27,15 @@ POLL_S = 0.002
 
 
 def parse_addr(text: str, *, listening: bool) -> Tuple[str, int]:
-    """``IPV4:PORT`` as a pair. ``listening`` allows the wildcard ``0.0.0.0``, which a peer cannot dial.
+    """``IPV4:PORT`` as a pair. ``listening`` allows the wildcard ``0.0.0.0``, which a peer cannot dial,
+    and port 0 (any free port: the listener prints the one it got).
 
     Raises:
-        ValueError: not ``IPV4:PORT``, the port is outside 1..65535, or a peer address is ``0.0.0.0``.
+        ValueError: not ``IPV4:PORT``, the port is outside 1..65535 (0..65535 when listening), or a peer
+            address is ``0.0.0.0``.
     """
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not sep or not host or not port.isdigit() or not (0 if listening else 1) <= int(port) <= 65535:
         raise ValueError(f"address {text!r} is not IPV4:PORT (for example 10.0.0.1:26000)")
     parts = host.split(".")
     if len(parts) != 4 or not all(p.isdigit() and int(p) <= 255 for p in parts):
@@ -192,8 +194,10 @@ class Connection:
         rets = self.dd.link_llm_clusters([info], timeout_in_millis=int(timeout_s * 1000))
         self.link_s = time.perf_counter() - t0
         if rets[0] != kb.Status.LLM_SUCCESS:
+            why = self.dd.link_failure(listener_id)
             self.dd.finalize()
-            raise exception_for(rets[0], f"linking to the listener at {addr} (cluster {listener_id})")
+            raise exception_for(rets[0], f"linking to the listener at {addr} (cluster {listener_id})",
+                                f"{why.reason}: {why.message}" if why else "")
         self.path = self.dd.link_path(listener_id)
         self.dd.send_notify(listener_id, HELLO, json.dumps({"what": what}))
         _, message = _wait_notify(self.dd, CACHES, time.monotonic() + timeout_s)

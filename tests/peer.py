@@ -74,7 +74,7 @@ def main() -> int:
 
     reply({"ready": True, "alloc": alloc.cache_id, "reg": reg.cache_id, "pid": os.getpid(),
            "addrs": {k: list(c.tensor_addrs) for k, c in caches.items()},
-           "tensor_bytes": args.blocks * args.block_bytes})
+           "tensor_bytes": args.blocks * args.block_bytes, "listen": dd.listen_address})
     for line in sys.stdin:
         cmd = json.loads(line)
         op = cmd["op"]
@@ -87,7 +87,11 @@ def main() -> int:
             elif op == "link":
                 rets = dd.link_llm_clusters([kb.ClusterInfo(cmd["cluster"], 0, [kb.IpInfo(cmd["ip"], 0)],
                                                             [kb.IpInfo(cmd["ip"], cmd["port"])])], 5000)
-                reply({"rets": [int(r) for r in rets], "path": dd.link_path(cmd["cluster"])})
+                why = dd.link_failure(cmd["cluster"])
+                res = {"rets": [int(r) for r in rets], "path": dd.link_path(cmd["cluster"])}
+                if why is not None:
+                    res["why"] = [why.reason, int(why.status), why.message]
+                reply(res)
             elif op == "unlink":
                 rets = dd.unlink_llm_clusters([kb.ClusterInfo(cmd["cluster"], 0, [kb.IpInfo(cmd["ip"], 0)],
                                                               [kb.IpInfo(cmd["ip"], cmd["port"])])], 5000)

@@ -3,6 +3,7 @@
 --connect` and `kvblocks ping` in another, as a newcomer would run them (the CLI, real processes)."""
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -76,7 +77,7 @@ def test_a_peer_without_the_token_cannot_use_the_listener(two_hosts, tmp_path): 
             out, _ = ping.communicate(timeout=60)
             assert ping.returncode == 1, out
             assert re.search(rf"kvblocks ping: LinkError: linking to the listener at {addr} \(cluster 1\) failed: "
-                             r"LLM_LINK_FAILED", out), out
+                             r"LLM_LINK_FAILED \(0x5010b009\): auth_refused: ", out), out
             assert "Traceback" not in out, out
         assert listener.poll() is None  # still serving
     finally:
@@ -84,11 +85,38 @@ def test_a_peer_without_the_token_cannot_use_the_listener(two_hosts, tmp_path): 
         listener.wait()
 
 
+def test_a_listener_on_port_0_prints_the_port_it_got(tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "kvblocks", "demo", "--listen", "127.0.0.1:0", "--count", "1"],
+                         env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        first = p.stdout.readline()
+        port = int(re.match(r"listening on 127\.0\.0\.1:(\d+) as cluster 1", first).group(1))
+        assert port > 0, first
+        ping = subprocess.run([sys.executable, "-m", "kvblocks", "ping", f"127.0.0.1:{port}", "--count", "1"],
+                              env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert ping.returncode == 0 and "verified: OK" in ping.stdout, ping.stdout + ping.stderr
+        assert p.wait(timeout=30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_a_closed_port_says_refused(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "kvblocks", "ping", f"127.0.0.1:{port}"], env=_env(), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "LLM_LINK_FAILED" in r.stderr and "refused: connect" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("args,why", [(["demo", "--connect", "10.0.0.1"], "is not IPV4:PORT"),
                                       (["demo", "--connect", "0.0.0.0:26000"], "not the wildcard"),
                                       (["demo", "--listen", "host:26000"], "is not an IPv4 address"),
                                       (["demo", "--count", "2"], "--count goes with --listen"),
                                       (["ping", "1.2.3.4:0"], "is not IPV4:PORT"),
+                                      (["demo", "--listen", "1.2.3.4:65536"], "is not IPV4:PORT"),
                                       (["ping", "1.2.3.4:1", "--count", "0"], "at least 1")])
 def test_bad_addresses_get_a_usage_error(args, why, tmp_path):
     r = subprocess.run([sys.executable, "-m", "kvblocks", *args], env=_env(), cwd=tmp_path, capture_output=True,

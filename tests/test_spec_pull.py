@@ -309,15 +309,18 @@ def test_case58_cache_registered_after_link(spec):
 
 
 def test_case59_timeout():
-    # A 0 ms deadline on the TCP path cannot be met. After a timeout the link is unusable
-    # (CANN: re-link to recover).
-    opts = {kb.OPTION_SYNC_CACHE_WAIT_TIME: "0", kb.OPTION_TRANSPORT: "tcp"}
-    s = Spec(prompt_options=opts, decoder_options=opts)
+    # A 1 ms deadline for 20 MiB on the TCP path cannot be met (0 ms is refused at initialize). After
+    # a timeout the link is unusable (CANN: re-link to recover). The message names the deadline and
+    # its option.
+    opts = {kb.OPTION_SYNC_CACHE_WAIT_TIME: "1", kb.OPTION_TRANSPORT: "tcp"}
+    big = (4, 1 << 18)  # 1 MiB blocks
+    s = Spec(p_shape=big, d_shape=big, prompt_options=opts, decoder_options=opts)
     try:
         with pytest.raises(kb.LLMTimeoutError) as ei:
             s.pull([0, 1], [0, 1])
         assert ei.value.status_code == S.LLM_TIMEOUT
         assert isinstance(ei.value, TimeoutError)
+        assert "within llm.SyncKvCacheWaitTime=1 ms" in str(ei.value)
         expect(s, S.LLM_NOT_YET_LINK, s.pull, [0], [0])
     finally:
         s.close()

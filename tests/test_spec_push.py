@@ -225,11 +225,14 @@ def test_push_fewer_remote_layers():
 
 
 def test_push_timeout():
-    opts = {kb.OPTION_SYNC_CACHE_WAIT_TIME: "0", kb.OPTION_TRANSPORT: "tcp"}
-    s = Spec(prompt_options=opts, decoder_options=opts)
+    # 1 ms for 20 MiB over TCP (0 ms is refused at initialize); the message names the deadline.
+    opts = {kb.OPTION_SYNC_CACHE_WAIT_TIME: "1", kb.OPTION_TRANSPORT: "tcp"}
+    big = (4, 1 << 18)
+    s = Spec(p_shape=big, d_shape=big, prompt_options=opts, decoder_options=opts)
     try:
         with pytest.raises(kb.LLMTimeoutError) as ei:
             s.push([0, 1], [0, 1])
         assert ei.value.status_code == S.LLM_TIMEOUT
+        assert "within llm.SyncKvCacheWaitTime=1 ms" in str(ei.value)
     finally:
         s.close()

@@ -13,6 +13,7 @@
 #include "kvblocks/error.h"
 #include "kvblocks/ext_types.h"
 #include "kvblocks/layerwise.h"
+#include "kvblocks/log.h"
 #include "llm_datadist/llm_datadist.h"
 
 namespace kvblocks {
@@ -64,6 +65,15 @@ struct KVBLOCKS_API ImplAccess {
   static bool HasLinks(llm_datadist::LlmDataDist &dd) noexcept;
   // Number of data channels currently open towards a peer (tests and introspection).
   static int LinkChannels(llm_datadist::LlmDataDist &dd, uint64_t cluster_id) noexcept;
+  // Why the last LinkLlmClusters (or hixl Connect) to `cluster_id` failed: its reason, status and
+  // message. False when that attempt succeeded or none was made. Kept until the next attempt.
+  static bool LastLinkFailure(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, LinkFailure &out) noexcept;
+  // "refused", "unreachable", "timed_out", "auth_refused", "wrong_cluster_id", "version_mismatch",
+  // "limit_exceeded", "already_linked", "other" (or "none").
+  static const char *LinkFailureReasonName(LinkFailureReason reason) noexcept;
+  // The address the listener is bound to ("ip:port" or "[ip6]:port"), with the port the kernel
+  // chose when llm.ListenIpInfo gave port 0; "" when this engine does not listen.
+  static std::string ListenAddress(llm_datadist::LlmDataDist &dd) noexcept;
 
   // Asynchronous PullKvBlocks / PushKvBlocks (include/kvblocks/async.h). Every check of the
   // synchronous call runs here, with its statuses; on LLM_SUCCESS `out` is the in-flight transfer,

@@ -35,6 +35,29 @@ constexpr const char OPTION_MAX_LINKS_PER_PEER[] = "kvblocks.MaxLinksPerPeer";  
 constexpr const char OPTION_INTEGRITY[] = "kvblocks.Integrity";  // none (default) | crc32c: CRC32C on TCP transfers
 constexpr const char OPTION_UCX_TRUSTED_NETWORK[] = "kvblocks.UcxTrustedNetwork";  // "1": UCX (exposes memory)
 
+// Why a LinkLlmClusters (or hixl Connect) to one cluster failed, kept per cluster until the next
+// attempt to link to it (ImplAccess::LastLinkFailure). kAuthRefused also covers a listener that is
+// another cluster than asked for when both sides set kvblocks.AuthToken: its proof names its own
+// cluster id, so the two cannot be told apart before it has proven anything.
+enum class LinkFailureReason : uint8_t {
+  kNone = 0,
+  kRefused = 1,          // nothing listens there (ECONNREFUSED)
+  kUnreachable = 2,      // no route to the host or network (EHOSTUNREACH, ENETUNREACH, ...)
+  kTimedOut = 3,         // no answer before the link timeout
+  kAuthRefused = 4,      // kvblocks.AuthToken: missing, another token, or a proof for another listener
+  kWrongClusterId = 5,   // the listener is another cluster than remote_cluster_id
+  kVersionMismatch = 6,  // the listener refused our HELLO: another kvblocks protocol version
+  kLimitExceeded = 7,    // kvblocks.MaxLinks / MaxLinksPerPeer, here or at the peer
+  kAlreadyLinked = 8,    // the peer holds a live link with us
+  kOther = 9,            // anything else: the message says what
+};
+
+struct KVBLOCKS_STD_STRING_ABI LinkFailure {
+  LinkFailureReason reason = LinkFailureReason::kNone;
+  llm_datadist::Status status = 0;  // the status LinkLlmClusters returned for that cluster
+  std::string message;              // what LastErrorMessage() said then
+};
+
 // How a cache may be addressed: kMix (C++ RegisterKvCache/AllocateCache) serves both block and
 // batch transfers; kBlocks and kCache mirror CANN's Python register_blocks_cache/register_cache.
 enum class CacheKind : uint8_t { kMix = 0, kBlocks = 1, kCache = 2 };

@@ -142,6 +142,14 @@ cdef extern from "kvblocks/rules.h" namespace "kvblocks" nogil:
 
 cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
     const char* LastErrorMessage "kvblocks::LastErrorMessage"() noexcept
+    ctypedef void (*LogCallback "kvblocks::LogCallback")(void* user, int level, const char* message) noexcept nogil
+    void SetLogCallback "kvblocks::SetLogCallback"(LogCallback cb, void* user) noexcept
+    ctypedef enum CLinkFailureReason "kvblocks::LinkFailureReason":
+        pass
+    cdef cppclass CLinkFailure "kvblocks::LinkFailure":
+        CLinkFailureReason reason
+        Status status
+        c_string message
     Status PullBlocksRaw "kvblocks::PullBlocksRaw"(CLlmDataDist& dd, const CCacheIndex& src, const CCache& dst,
                                                    const uint64_t* sb, const uint64_t* db, size_t n,
                                                    const CKvCacheExtParam& ext) noexcept
@@ -245,6 +253,12 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         @staticmethod
         int LinkChannels(CLlmDataDist& dd, uint64_t cluster_id)
         @staticmethod
+        c_bool LastLinkFailure(CLlmDataDist& dd, uint64_t cluster_id, CLinkFailure& out) noexcept
+        @staticmethod
+        const char* LinkFailureReasonName(CLinkFailureReason reason) noexcept
+        @staticmethod
+        c_string ListenAddress(CLlmDataDist& dd) except +
+        @staticmethod
         c_bool HasLinks(CLlmDataDist& dd)
         @staticmethod
         Status SetBatchKeys(CLlmDataDist& dd, int64_t cache_id, const vector[int64_t]& keys) noexcept
@@ -284,3 +298,12 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
         Status OpenLayerPushPieces(CLlmDataDist& dd, const CCache& src, uint64_t dst_cluster_id,
                                    uint32_t num_layers, const vector[CLayerPiece]& pieces,
                                    c_bool per_layer_deadline, CLayerPush& out) noexcept
+
+
+cdef extern from "log_queue.h" namespace "kvblocks" nogil:
+    cdef cppclass LogQueue "kvblocks::LogQueue":
+        LogQueue()
+        @staticmethod
+        void Push(void* self, int level, const char* message) noexcept
+        c_bool Pop(int64_t wait_ms, int* level, c_string* message) noexcept
+        void ResetAfterFork() noexcept

@@ -231,4 +231,20 @@ Status ImplAccess::OpenLayerPushPieces(llm_datadist::LlmDataDist &dd, const Cach
   });
 }
 
+bool ImplAccess::LastLinkFailure(llm_datadist::LlmDataDist &dd, uint64_t cluster_id, LinkFailure &out) noexcept {
+  try {
+    return dd.impl_->LastLinkFailure(cluster_id, &out);
+  } catch (...) {
+    return false;
+  }
+}
+const char *ImplAccess::LinkFailureReasonName(LinkFailureReason reason) noexcept { return LinkReasonName(reason); }
+std::string ImplAccess::ListenAddress(llm_datadist::LlmDataDist &dd) noexcept {
+  try {
+    return dd.impl_->ListenAddress();
+  } catch (...) {
+    return std::string();
+  }
+}
+
 }  // namespace kvblocks

@@ -12,8 +12,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "common/util.h"
+#include "kvblocks/log.h"
 
 namespace kvblocks {
 
@@ -33,24 +35,40 @@ int LogLevel() {
   return level;
 }
 
-void Emit(const char *tag, const char *fmt, va_list ap) {
-  char msg[512];
+// The callback and its argument change together, under g_log_mu, which every call holds too: once
+// SetLogCallback returns, the old callback is never called again.
+std::mutex g_log_mu;
+LogCallback g_log_cb = nullptr;
+void *g_log_user = nullptr;
+
+void Emit(int level, const char *tag, const char *fmt, va_list ap) {
+  char msg[1024];
   vsnprintf(msg, sizeof(msg), fmt, ap);
-  fprintf(stderr, "[kvblocks %s pid=%d] %s\n", tag, static_cast<int>(getpid()), msg);
+  std::lock_guard<std::mutex> g(g_log_mu);
+  if (g_log_cb != nullptr)
+    g_log_cb(g_log_user, level, msg);
+  else
+    fprintf(stderr, "[kvblocks %s pid=%d] %s\n", tag, static_cast<int>(getpid()), msg);
 }
 }  // namespace
+
+void SetLogCallback(LogCallback cb, void *user) noexcept {
+  std::lock_guard<std::mutex> g(g_log_mu);
+  g_log_cb = cb;
+  g_log_user = user;
+}
 
 #define KVBLOCKS_LOG(min_level, tag)   \
   do {                                 \
     if (LogLevel() < (min_level)) return; \
     va_list ap;                        \
     va_start(ap, fmt);                 \
-    Emit(tag, fmt, ap);                \
+    Emit(min_level, tag, fmt, ap);     \
     va_end(ap);                        \
   } while (0)
 
-void LogWarn(const char *fmt, ...) { KVBLOCKS_LOG(1, "WARN"); }
-void LogInfo(const char *fmt, ...) { KVBLOCKS_LOG(2, "INFO"); }
+void LogWarn(const char *fmt, ...) { KVBLOCKS_LOG(kLogWarn, "WARN"); }
+void LogInfo(const char *fmt, ...) { KVBLOCKS_LOG(kLogInfo, "INFO"); }
 #undef KVBLOCKS_LOG
 
 bool ParseUint(const std::string &s, uint64_t max, uint64_t *out) {

@@ -82,6 +82,11 @@ class Impl {
   std::string LinkPath(uint64_t cluster_id);
   std::shared_ptr<void> PinCacheMemory(int64_t cache_id);
   int LinkChannels(uint64_t cluster_id);
+  // Why the last attempt to link to `cluster_id` failed; false when it succeeded or none was made.
+  bool LastLinkFailure(uint64_t cluster_id, LinkFailure *out);
+  // The address the listener is bound to ("ip:port", "[ip6]:port", with the port the kernel chose
+  // for port 0), or "" when this engine does not listen.
+  std::string ListenAddress();
   bool HasLinks() const { return !links_.empty(); }
   Status SetBatchKeys(int64_t cache_id, const std::vector<int64_t> &keys);
   Status FindRemoteKey(uint64_t cluster_id, int64_t key, int64_t *cache_id, uint32_t *batch_index);
@@ -132,7 +137,8 @@ class Impl {
   void ReapWorkers(bool all);
   Status CheckRole(bool pull) const;
   // links.cc
-  Status LinkOne(const ClusterInfo &ci, int32_t timeout_ms);
+  Status LinkOne(const ClusterInfo &ci, int32_t timeout_ms);  // records a failure (LastLinkFailure)
+  Status LinkOneInner(const ClusterInfo &ci, int32_t timeout_ms);
   Status OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing);
   int OpenHandshake(const std::string &ip, uint16_t port, ConnKind kind, uint64_t listener_cluster_id,
                     int64_t deadline, Hello *hello, struct Transcript *t, Status *st);
@@ -285,7 +291,15 @@ class Impl {
   int64_t preauth_logged_ = 0;  // when a dropped slot was last logged: a flood logs once a second
   int listen_fd_ = -1;
   std::string listen_ip_;
-  uint32_t listen_port_ = 0;
+  uint32_t listen_port_ = 0;   // as asked (0: any)
+  uint16_t bound_port_ = 0;    // as bound
+  // The options of the Initialize that took effect: a second Initialize names those it ignores.
+  std::map<std::string, std::string> init_options_;
+
+  // Why the last link attempt to each cluster failed (LinkOne); at most kMaxLinkFailures clusters.
+  static constexpr size_t kMaxLinkFailures = 4096;
+  std::mutex why_mu_;
+  std::map<uint64_t, LinkFailure> link_failures_;
 
   uint64_t instance_token_ = 0;
   uint64_t probe_value_ = 0;

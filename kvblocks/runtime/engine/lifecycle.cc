@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Impl lifecycle: Initialize / Finalize / SetRole, the listener and the worker threads.
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/resource.h>
@@ -15,6 +17,7 @@
 #include "common/error.h"
 #include "common/util.h"
 #include "engine/engine.h"
+#include "engine/options.h"
 #include "net/socket.h"
 #include "transport/select.h"
 #include "transport/ucx_path.h"
@@ -59,7 +62,11 @@ Impl::~Impl() {
 
 Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   std::unique_lock<std::shared_mutex> lk(state_mu_);
-  if (initialized()) return LLM_SUCCESS;
+  if (initialized()) {
+    WarnIgnoredOptions(init_options_, options);  // CANN: success, new options ignored (spec 3.2)
+    return LLM_SUCCESS;
+  }
+  WarnUnknownOptions(options);
   const int32_t role = static_cast<int32_t>(role_.load());
   if (role < 1 || role > 3) return Fail(LLM_PARAM_INVALID, "role %d is not PROMPT (1), DECODER (2) or MIX (3)", role);
 
@@ -89,6 +96,10 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
     if (!ParseUint(v, 0x7FFFFFFF, &ms))
       return Fail(LLM_PARAM_INVALID, "option %s=\"%s\" is not a number of ms", OPTION_SYNC_CACHE_WAIT_TIME,
                   v.c_str());
+    // CANN's digit check lets "0" through, and then every TCP transfer times out: refused here.
+    if (ms == 0)
+      return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": a 0 ms deadline fails every transfer; give at least 1 ms "
+                  "(default %lld)", OPTION_SYNC_CACHE_WAIT_TIME, v.c_str(), static_cast<long long>(kDefaultWaitMs));
     wait_ms = static_cast<int64_t>(ms);
   }
   std::string transport = "auto";
@@ -155,8 +166,17 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
     const Status st = StartListening(listen_ip, listen_port);
     if (st != LLM_SUCCESS) return st;
   }
+  init_options_ = OptionsCopy(options);
   initialized_.store(true, std::memory_order_release);
+  if (listen) LogInfo("cluster %llu listens on %s", static_cast<unsigned long long>(cluster_id_), ListenAddress().c_str());
   return LLM_SUCCESS;
+}
+
+std::string Impl::ListenAddress() {
+  std::lock_guard<std::mutex> g(workers_mu_);
+  if (listen_fd_ < 0) return "";
+  const bool v6 = listen_ip_.find(':') != std::string::npos;
+  return (v6 ? "[" + listen_ip_ + "]" : listen_ip_) + ":" + std::to_string(bound_port_);
 }
 
 void Impl::Finalize() {
@@ -225,11 +245,22 @@ Status Impl::StartListening(const std::string &ip, uint32_t port) {
   Status st;
   const int fd = ListenTcp(ip, port, &st);
   if (fd < 0) return st;
-  listen_fd_ = fd;
-  listen_ip_ = ip;
-  listen_port_ = port;
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  uint16_t bound = static_cast<uint16_t>(port);  // port 0: the kernel's choice, read back
+  if (getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &len) == 0)
+    bound = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6 *>(&ss)->sin6_port
+                                           : reinterpret_cast<sockaddr_in *>(&ss)->sin_port);
+  {
+    std::lock_guard<std::mutex> g(workers_mu_);  // ListenAddress reads them from any thread
+    listen_fd_ = fd;
+    listen_ip_ = ip;
+    listen_port_ = port;
+    bound_port_ = bound;
+  }
   if (!Spawn([this, fd] { ListenLoop(fd); })) {
     close(fd);
+    std::lock_guard<std::mutex> g(workers_mu_);
     listen_fd_ = -1;
     return LLM_FAILED;
   }

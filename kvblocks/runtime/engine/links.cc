@@ -312,7 +312,48 @@ int Impl::OpenChannel(const std::shared_ptr<struct Link> &link, ConnKind kind, i
   return fd;
 }
 
+// Every attempt to link to a cluster replaces what its last one recorded: a failure keeps its
+// reason and message for LastLinkFailure and is logged (a warning, or at info when the same reason
+// repeats, so a caller retrying every 50 ms does not flood the log).
 Status Impl::LinkOne(const ClusterInfo &ci, int32_t timeout_ms) {
+  const std::string earlier = LastErrorMessage();  // an earlier cluster's failure, for the call's status
+  ClearLastError();
+  const Status st = LinkOneInner(ci, timeout_ms);
+  std::lock_guard<std::mutex> g(why_mu_);
+  if (st == LLM_SUCCESS) {
+    if (!earlier.empty()) Restate(st, "%s", earlier.c_str());
+    link_failures_.erase(ci.remote_cluster_id);
+    return st;
+  }
+  LinkFailure f;
+  f.status = st;
+  f.reason = LastLinkReason();
+  if (f.reason == LinkFailureReason::kNone)
+    f.reason = st == LLM_TIMEOUT ? LinkFailureReason::kTimedOut : LinkFailureReason::kOther;
+  f.message = LastErrorMessage();
+  if (f.message.empty()) f.message = st == LLM_TIMEOUT ? "no answer before the link timeout" : "the link failed";
+  auto it = link_failures_.find(ci.remote_cluster_id);
+  const bool repeat = it != link_failures_.end() && it->second.reason == f.reason;
+  const std::string where = ci.remote_ip_infos.empty() ? std::string("?")
+                                                      : std::string(ci.remote_ip_infos[0].ip.GetString()) + ":" +
+                                                            std::to_string(ci.remote_ip_infos[0].port);
+  (repeat ? LogInfo : LogWarn)("link to cluster %llu at %s failed (%s, %d ms timeout): %s",
+                               static_cast<unsigned long long>(ci.remote_cluster_id), where.c_str(),
+                               LinkReasonName(f.reason), timeout_ms, f.message.c_str());
+  if (it == link_failures_.end() && link_failures_.size() >= kMaxLinkFailures) link_failures_.erase(link_failures_.begin());
+  link_failures_[ci.remote_cluster_id] = std::move(f);
+  return st;
+}
+
+bool Impl::LastLinkFailure(uint64_t cluster_id, LinkFailure *out) {
+  std::lock_guard<std::mutex> g(why_mu_);
+  auto it = link_failures_.find(cluster_id);
+  if (it == link_failures_.end()) return false;
+  *out = it->second;
+  return true;
+}
+
+Status Impl::LinkOneInner(const ClusterInfo &ci, int32_t timeout_ms) {
   const int64_t deadline = NowNs() + static_cast<int64_t>(timeout_ms) * kMsNs;
   const unsigned long long want = ci.remote_cluster_id;
   if (ci.remote_ip_infos.size() != 1)
@@ -340,6 +381,7 @@ Status Impl::LinkOne(const ClusterInfo &ci, int32_t timeout_ms) {
     }
     size_t unused, total;
     links_.CountAlive("", &unused, &total);
+    if (total + accepting_.size() >= max_links_) NoteLinkReason(LinkFailureReason::kLimitExceeded);
     if (total + accepting_.size() >= max_links_)
       return Fail(LLM_CLUSTER_NUM_EXCEED_LIMIT, "cluster %llu: this engine has %zu links, the most kvblocks.MaxLinks allows",
                   want, total + accepting_.size());
@@ -405,6 +447,8 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
     return fail(Fail(StatusOf(ir), "%s:%u: no LINK_INFO answer", ip.c_str(), port));
   if (h.status != LLM_SUCCESS) {
     *crossing = (h.flags & kFlagCrossing) != 0;
+    if (h.status == LLM_ALREADY_LINK) NoteLinkReason(LinkFailureReason::kAlreadyLinked);
+    if (h.status == LLM_CLUSTER_NUM_EXCEED_LIMIT) NoteLinkReason(LinkFailureReason::kLimitExceeded);
     if (h.status == LLM_ALREADY_LINK)
       return fail(Fail(LLM_ALREADY_LINK, "cluster %llu is already linked (at its side)", want));
     if (h.status == LLM_CLUSTER_NUM_EXCEED_LIMIT)
@@ -419,8 +463,7 @@ Status Impl::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing) {
   if (!Decode(payload, &theirs))
     return fail(Fail(LLM_LINK_FAILED, "%s:%u sent a malformed LINK_INFO", ip.c_str(), port));
   if (theirs.cluster_id != ci.remote_cluster_id) {
-    LogWarn("link refused: %s:%u is cluster %llu, not cluster %llu", ip.c_str(), port,
-            static_cast<unsigned long long>(theirs.cluster_id), want);
+    NoteLinkReason(LinkFailureReason::kWrongClusterId);
     return fail(Fail(LLM_LINK_FAILED, "%s:%u is cluster %llu, not cluster %llu", ip.c_str(), port,
                      static_cast<unsigned long long>(theirs.cluster_id), want));
   }

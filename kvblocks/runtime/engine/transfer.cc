@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "common/error.h"
+#include "kvblocks/error.h"
 #include "common/util.h"
 #include "engine/engine.h"
 #include "engine/transfer.h"
@@ -155,9 +156,13 @@ Status Impl::ExecuteOne(Transfer *t, bool pull) {
 Status Impl::Conclude(Transfer *t, bool pull, Status st) {
   // A timed-out or broken transfer leaves the link unusable, as in CANN: re-link to recover.
   if (st == LLM_TIMEOUT || st == LLM_LINK_FAILED) t->link->Fail();
-  if (st == LLM_TIMEOUT)
-    return Fail(st, "%s did not complete within llm.SyncKvCacheWaitTime=%lld ms; the link is now broken",
-                pull ? "pull" : "push", static_cast<long long>(wait_time_ms_));
+  if (st == LLM_TIMEOUT) {
+    // The deadline and its option first, whatever the socket said (it only saw "no answer in time").
+    const std::string below = LastErrorMessage();
+    return Restate(st, "%s cluster %llu did not complete within llm.SyncKvCacheWaitTime=%lld ms%s%s%s; the link is "
+                   "now broken", pull ? "pull from" : "push to", static_cast<unsigned long long>(t->link->remote_cluster_id),
+                   static_cast<long long>(wait_time_ms_), below.empty() ? "" : " (", below.c_str(), below.empty() ? "" : ")");
+  }
   if (st == LLM_LINK_FAILED)
     return Fail(st, "the link to cluster %llu failed", static_cast<unsigned long long>(t->link->remote_cluster_id));
   return st;

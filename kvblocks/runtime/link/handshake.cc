@@ -4,6 +4,7 @@
 #include "common/error.h"
 #include "common/limits.h"
 #include "common/util.h"
+#include <atomic>
 #include <cstring>
 #include "net/socket.h"
 #include "security/auth.h"
@@ -16,8 +17,9 @@ namespace {
 // Receives one frame of `type` and decodes it into `m`; one longer than its type may be
 // (kPayloadLimits) is refused from its header.
 template <typename M>
-IoResult RecvMessage(int fd, uint16_t type, int64_t deadline, M *m) {
-  FrameHeader h;
+IoResult RecvMessage(int fd, uint16_t type, int64_t deadline, M *m, FrameHeader *seen = nullptr) {
+  FrameHeader local;
+  FrameHeader &h = seen != nullptr ? *seen : local;
   std::string payload;
   IoResult r = RecvHeader(fd, &h, deadline);
   if (r == IoResult::kOk && h.type != type) r = IoResult::kError;
@@ -44,6 +46,16 @@ void FillTranscript(const Hello &hello, uint64_t listener_cluster_id, const uint
   memcpy(t->client_nonce, hello.nonce, kNonceBytes);
   memcpy(t->server_nonce, server_nonce, kNonceBytes);
 }
+// A HELLO of another protocol version: an operator upgrading one side sees why links fail. Once a
+// second at most (anyone can send one).
+void LogVersionMismatch(const Hello &hello) {
+  static std::atomic<int64_t> last{0};
+  const int64_t now = NowNs();
+  int64_t before = last.load();
+  if (now - before < 1000000000LL || !last.compare_exchange_strong(before, now)) return;
+  LogWarn("rejected a link from cluster %llu: it speaks kvblocks protocol version %u, this engine %u",
+          static_cast<unsigned long long>(hello.cluster_id), hello.version, kProtocolVersion);
+}
 }  // namespace
 
 Bind BindFor(const uint8_t link_token[16], const Transcript &t) {
@@ -59,10 +71,23 @@ Status ClientHandshake(int fd, const Hello &hello, uint64_t listener_cluster_id,
   *dropped = r == IoResult::kClosed;
   if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: sending HELLO failed");
   Challenge ch;
-  r = RecvMessage(fd, kChallenge, deadline, &ch);
+  FrameHeader seen{};
+  r = RecvMessage(fd, kChallenge, deadline, &ch, &seen);
   *dropped = r == IoResult::kClosed;
-  if (r != IoResult::kOk)
-    return Fail(NowNs() >= deadline ? LLM_TIMEOUT : LLM_LINK_FAILED, "handshake: no valid CHALLENGE from the listener");
+  if (r != IoResult::kOk && seen.type == kError && seen.status == LLM_PARAM_INVALID) {
+    // What a listener answers a HELLO it cannot decode: in practice one of another protocol version.
+    NoteLinkReason(LinkFailureReason::kVersionMismatch);
+    return Fail(LLM_LINK_FAILED, "the listener refused our HELLO (kvblocks protocol version %u): it runs another "
+                "kvblocks version", kProtocolVersion);
+  }
+  if (r != IoResult::kOk) {
+    const bool late = NowNs() >= deadline;
+    NoteLinkReason(late ? LinkFailureReason::kTimedOut : LinkFailureReason::kOther);
+    return Fail(late ? LLM_TIMEOUT : LLM_LINK_FAILED, "handshake: %s", late
+                ? "the listener accepted the connection but sent no CHALLENGE before the link timeout (is it "
+                  "stopped, overloaded, or not kvblocks?)"
+                : "no valid CHALLENGE from the listener (it closed the connection, or is not kvblocks)");
+  }
   FillTranscript(hello, listener_cluster_id, ch.nonce, t);
   // With a token the proofs also name the address we dialled: a proof relayed to another listener
   // (or through a proxy) does not check out there. Without one nothing is authenticated anyway.
@@ -85,13 +110,11 @@ Status ClientHandshake(int fd, const Hello &hello, uint64_t listener_cluster_id,
     TokenProof(token, kListenerLabel, *t, expect);
     server_ok = ch.has_proof && ConstantTimeEqual(expect, ch.proof, kProofBytes);
   }
+  if ((token.empty() && ch.auth_required) || !server_ok) NoteLinkReason(LinkFailureReason::kAuthRefused);
   if (token.empty() && ch.auth_required) {
-    LogWarn("link refused: the listener requires kvblocks.AuthToken and none is set");
     return Fail(LLM_LINK_FAILED, "the listener requires kvblocks.AuthToken and none is set");
   }
   if (!server_ok) {
-    LogWarn("link refused: the listener did not prove knowledge of kvblocks.AuthToken as cluster %llu at the "
-            "address dialled", static_cast<unsigned long long>(listener_cluster_id));
     return Fail(LLM_LINK_FAILED, "the listener did not prove knowledge of kvblocks.AuthToken as cluster %llu at the "
                 "address dialled (another token, another cluster, or a relay)",
                 static_cast<unsigned long long>(listener_cluster_id));
@@ -103,6 +126,7 @@ Status ClientHandshake(int fd, const Hello &hello, uint64_t listener_cluster_id,
   if (r != IoResult::kOk) return Fail(StatusOf(r), "handshake: no HELLO_ACK from the listener");
   if (h.type != kHelloAck || RecvPayload(fd, h, Channel::kHandshake, &ack, deadline) != IoResult::kOk)
     return Fail(LLM_LINK_FAILED, "handshake: malformed HELLO_ACK");
+  if (h.status == LLM_LINK_FAILED) NoteLinkReason(LinkFailureReason::kAuthRefused);
   if (h.status == LLM_LINK_FAILED && !token.empty())
     return Fail(LLM_LINK_FAILED, "the listener rejected our kvblocks.AuthToken proof");
   if (h.status != LLM_SUCCESS) return Fail(h.status, "handshake: the listener refused (status %u)", h.status);
@@ -112,7 +136,9 @@ Status ClientHandshake(int fd, const Hello &hello, uint64_t listener_cluster_id,
 bool ServerHandshake(int fd, const std::string &token, uint64_t cluster_id, int64_t deadline, Hello *hello,
                      Transcript *t, const std::function<bool()> &authenticated) {
   // The HELLO is fixed-size: a longer announcement is refused before anything is allocated.
+  hello->version = kProtocolVersion;
   if (RecvMessage(fd, kHello, deadline, hello) != IoResult::kOk) {
+    if (hello->version != kProtocolVersion) LogVersionMismatch(*hello);
     SendFrame(fd, kError, LLM_PARAM_INVALID, nullptr, 0, NowNs() + kErrorReplyNs);
     return false;
   }

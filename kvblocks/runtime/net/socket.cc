@@ -369,6 +369,18 @@ bool MakeAddr(const std::string &ip, uint32_t port, sockaddr_storage *ss, sockle
 }
 }  // namespace
 
+namespace {
+LinkFailureReason ConnectReason(int err) {
+  switch (err) {
+    case ECONNREFUSED: return LinkFailureReason::kRefused;
+    case EHOSTUNREACH: case ENETUNREACH: case EHOSTDOWN: case ENETDOWN: case EADDRNOTAVAIL:
+      return LinkFailureReason::kUnreachable;
+    case ETIMEDOUT: return LinkFailureReason::kTimedOut;
+    default: return LinkFailureReason::kOther;
+  }
+}
+}  // namespace
+
 int ConnectTcp(const std::string &ip, uint16_t port, int64_t deadline, Status *st) {
   sockaddr_storage ss;
   socklen_t len;
@@ -387,8 +399,11 @@ int ConnectTcp(const std::string &ip, uint16_t port, int64_t deadline, Status *s
     const IoResult w = WaitFd(fd, POLLOUT, deadline);
     if (w != IoResult::kOk) {
       close(fd);
+      NoteLinkReason(w == IoResult::kTimeout ? LinkFailureReason::kTimedOut : LinkFailureReason::kOther);
       *st = Fail(StatusOf(w), "connect %s:%u: %s", ip.c_str(), port,
-                 w == IoResult::kTimeout ? "timed out" : "failed");
+                 w == IoResult::kTimeout ? "no answer before the link timeout (a firewall dropping SYNs, or a "
+                                           "host that is down)"
+                                         : "failed");
       return -1;
     }
     int err = 0;
@@ -400,7 +415,11 @@ int ConnectTcp(const std::string &ip, uint16_t port, int64_t deadline, Status *s
   if (rc != 0) {
     const int err = errno;
     close(fd);
-    *st = Fail(LLM_LINK_FAILED, "connect %s:%u: %s", ip.c_str(), port, strerror(err));
+    NoteLinkReason(ConnectReason(err));
+    *st = Fail(LLM_LINK_FAILED, "connect %s:%u: %s%s", ip.c_str(), port, strerror(err),
+               err == ECONNREFUSED ? " (nothing listens on that port: is the peer's llm.ListenIpInfo set, and "
+                                     "is it initialized?)"
+                                   : "");
     return -1;
   }
   TuneSocket(fd);

@@ -75,7 +75,8 @@ void Load() {
   void *h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) {
     const char *e = dlerror();
-    g_why = std::string("cannot load the UCX plugin (install kvblocks[ucx]): ") + (e != nullptr ? e : path.c_str());
+    g_why = std::string("cannot load the UCX plugin (install kvblocks-ucx: pip install ./ucx in a checkout): ") +
+            (e != nullptr ? e : path.c_str());
     // An absent extra is the normal case (auto stays on kvblocks' own paths); a broken one is not.
     if (access(path.c_str(), F_OK) == 0) LogWarn("UCX transport not loaded: %s", g_why.c_str());
     else LogInfo("UCX transport not loaded: %s", g_why.c_str());
@@ -84,7 +85,7 @@ void Load() {
   auto entry = reinterpret_cast<kvb_ucx_entry_fn>(dlsym(h, KVB_UCX_ENTRY));
   const kvb_ucx_api *api = entry != nullptr ? entry() : nullptr;
   if (api == nullptr || api->abi != KVB_UCX_ABI_VERSION) {
-    g_why = path + ": not a kvblocks UCX plugin of this version (reinstall kvblocks[ucx])";
+    g_why = path + ": not a kvblocks UCX plugin of this version (reinstall kvblocks-ucx from ucx/)";
     LogWarn("UCX transport not loaded: %s", g_why.c_str());
     return;
   }

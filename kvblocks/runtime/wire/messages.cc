@@ -90,10 +90,11 @@ bool Decode(const std::string &in, Hello *m) {
   return DecodeAll(in, [&](Reader *r) {
     m->version = r->Get<uint32_t>();
     const uint32_t kind = r->Get<uint32_t>();
-    if (m->version != kProtocolVersion || kind < 1 || kind > 3) r->ok = false;
     m->kind = static_cast<ConnKind>(kind);
     m->cluster_id = r->Get<uint64_t>();
     r->GetBytes(m->nonce, sizeof(m->nonce));
+    // Checked last, so a HELLO of another version still names its sender in the listener's log.
+    if (m->version != kProtocolVersion || kind < 1 || kind > 3) r->ok = false;
   });
 }
 
