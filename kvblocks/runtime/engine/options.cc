@@ -27,6 +27,7 @@ const char *const kKnownOptions[] = {
     OPTION_MAX_LINKS,
     OPTION_MAX_LINKS_PER_PEER,
     OPTION_UCX_TRUSTED_NETWORK,
+    OPTION_INTEGRITY,
 };
 
 std::string Lower(std::string s) {
