@@ -18,6 +18,7 @@ OPTION_ROLE_CHECK = "kvblocks.RoleCheck"
 OPTION_MAX_LINKS = "kvblocks.MaxLinks"
 OPTION_MAX_LINKS_PER_PEER = "kvblocks.MaxLinksPerPeer"
 OPTION_UCX_TRUSTED_NETWORK = "kvblocks.UcxTrustedNetwork"
+OPTION_INTEGRITY = "kvblocks.Integrity"
 
 
 class LlmRole(_enum.IntEnum):

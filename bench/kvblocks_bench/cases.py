@@ -2,7 +2,8 @@
 """The case matrix: kvblocks cases, each with the id of the baseline measured beside it.
 
 Groups (``--case`` takes a group name or a glob over case ids): validation, dispatch, shm, cma,
-tcp, encryption, async, scaling, limits, model, import, and base (the baselines, added to any selection that needs them).
+tcp, encryption, integrity, async, scaling, limits, model, import, and base (the baselines, added to any
+selection that needs them).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 import tempfile
 
 from . import baselines as bl
-from . import cases_async, cases_hixl, cases_layerwise, cases_limits, cases_tls
+from . import cases_async, cases_hixl, cases_integrity, cases_layerwise, cases_limits, cases_tls
 from .common import (KiB, MiB, SCALE_BLOCK_BYTES, SCALE_BLOCKS, SCALE_BLOCKS_64B,
                      SCALE_FIXED_BYTES, SCALE_LAYERS, SIZES, TRANSFER_PATHS, VALIDATION_NS, Case, human_bytes,
                      transfer_key)
@@ -291,6 +292,7 @@ def all_cases():
     for path in TRANSFER_PATHS:
         cases += _transfer_block(path)
     cases += cases_tls.tls_cases(_transfer_case)
+    cases += cases_integrity.integrity_cases(_transfer_case)
     cases += cases_async.async_cases()
     cases += cases_hixl.hixl_cases()
     L, _, bb, B = SIZES["large"]

@@ -15,6 +15,8 @@ Groups (--case takes a group name or a glob over case ids, repeatable):
               --vs nixl: NIXL over the same UCX_TLS (KVBLOCKS_BENCH_UCX_TLS, default tcp), interleaved
   encryption  kvblocks.Encryption=tls (needs OpenSSL 3): 256 MiB TCP pull and push and the 16x4KiB pull,
               each vs the same transfer in clear
+  integrity   the 256 MiB tcp pull and push with kvblocks.Integrity=crc32c, interleaved with the
+              same transfer unchecked (the ratio is the CRC32C's cost)
   async       pull_kv_blocks_async submission vs validation; 64 TCP pulls in flight vs in a row
   hixl        Hixl.transfer_sync vs the native pull_kv_blocks of the same bytes (16x4KiB and
               32 MiB; in-process, same host (cma) and TCP)

@@ -27,8 +27,9 @@ SCALE_BLOCKS = (16, 1024, 65536, 1048576)
 SCALE_BLOCKS_64B = (1024, 65536, 1048576)
 SCALE_LAYERS = (1, 2, 4, 8, 16, 32, 64)
 DISPATCH_SHAPES = ((4 * KiB, 1), (16, 1), (16, 4))  # (block bytes, tensors) of the in-process caches
-TRANSPORT = {"shm": "auto", "cma": "auto", "tcp": "tcp", "ucx": "ucx", "tls": "tls"}  # tls: tcp encrypted
-KIND = {"shm": "alloc", "cma": "reg", "tcp": "alloc", "ucx": "alloc", "tls": "alloc"}
+# "tls": tcp encrypted (kvblocks.Encryption=tls); "+crc32c": the local side also sets kvblocks.Integrity=crc32c
+TRANSPORT = {"shm": "auto", "cma": "auto", "tcp": "tcp", "ucx": "ucx", "tls": "tls", "tcp-crc32c": "tcp+crc32c"}
+KIND = {"shm": "alloc", "cma": "reg", "tcp": "alloc", "ucx": "alloc", "tls": "alloc", "tcp-crc32c": "alloc"}
 # UCX_TLS of the kvblocks UCX cases; NIXL runs beside them over the same set (engines.engine_env).
 UCX_TLS = os.environ.get("KVBLOCKS_BENCH_UCX_TLS", "tcp")
 

@@ -311,11 +311,13 @@ class Harness:
         import kvblocks as kb
 
         if transport not in self.peers:
-            with _ucx_env(transport):  # both processes' UCP contexts read UCX_TLS when made
-                peer = Peer(self.ctx, 2000 + next(self._next_id), transport)
+            base, _, integrity = transport.partition("+")  # "tcp+crc32c": kvblocks.Integrity here
+            extra = {kb.OPTION_INTEGRITY: integrity} if integrity else {}
+            with _ucx_env(base):  # both processes' UCP contexts read UCX_TLS when made
+                peer = Peer(self.ctx, 2000 + next(self._next_id), base)
                 dd = kb.LlmDataDist(1000 + next(self._next_id), kb.LlmRole.MIX)
                 dd.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_SYNC_CACHE_WAIT_TIME: "60000",
-                               **_engine_options(transport)})
+                               **_engine_options(base), **extra})
             self.peers[transport] = peer
             self.locals[transport] = dd
             self.relink(transport, first=True)

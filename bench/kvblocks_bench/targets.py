@@ -57,6 +57,16 @@ def _floor_vs(r, by, floor_id, other_id):
     return f"; the kernel's floor, all cores: {by[floor_id]['bytes'] / f / (by[other_id]['bytes'] / o):.2f}x"
 
 
+def _integrity(by, add):
+    for d in ("pull", "push"):
+        r = by.get(f"tcp-crc32c/large/{d}/random")
+        if r and r.get("ratio"):
+            v = r["ratio"]  # checked time / unchecked time, the same rounds
+            gb = r["bytes"] / _base_med(r, by) / 1e9
+            add(f"tcp large {d} with kvblocks.Integrity=crc32c vs without", f"{v:.3f}x", "<= 1.15x", v <= 1.15,
+                f"{r['GBps']:.2f} vs {gb:.2f} GB/s (interleaved)")
+
+
 def _limits(by, add):
     """Issue 13's same-host targets: shm at the memory bandwidth, cma near shm and ahead of raw CMA."""
     r = by.get("shm/large/pull/random/loaded")
@@ -226,6 +236,7 @@ def targets(rows, peer_rows):
     _samehost(by, pe, add)
     _limits(by, add)
     _tcp(by, add)
+    _integrity(by, add)
     _ucx(by, pe, add)
     _inprocess(by, add)
     _async(by, add)

@@ -32,6 +32,7 @@ constexpr const char OPTION_AUTH_TOKEN[] = "kvblocks.AuthToken";    // shared se
 constexpr const char OPTION_ROLE_CHECK[] = "kvblocks.RoleCheck";    // "0" (default, CANN V2) | "1" (V1 roles)
 constexpr const char OPTION_MAX_LINKS[] = "kvblocks.MaxLinks";  // links in all (default 512, fewer at a low fd limit)
 constexpr const char OPTION_MAX_LINKS_PER_PEER[] = "kvblocks.MaxLinksPerPeer";  // links from one address (default 32)
+constexpr const char OPTION_INTEGRITY[] = "kvblocks.Integrity";  // none (default) | crc32c: CRC32C on TCP transfers
 constexpr const char OPTION_UCX_TRUSTED_NETWORK[] = "kvblocks.UcxTrustedNetwork";  // "1": UCX (exposes memory)
 constexpr const char OPTION_ENCRYPTION[] = "kvblocks.Encryption";      // none (default) | tls: TLS 1.3 on TCP links
 constexpr const char OPTION_TLS_CERT_FILE[] = "kvblocks.TlsCertFile";  // PEM chain: TLS by certificates

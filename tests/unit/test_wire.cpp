@@ -87,6 +87,7 @@ void Random(Confirm *m) {
   m->local_exchange = Rand(2);
 }
 void Random(CacheRef *m) { m->cache_id = static_cast<int64_t>(Rand(1 << 20)); }
+void Random(CrcMismatch *m) { m->pair = Rand(0); }
 void Random(XferRequest *m) {
   m->cache_id = static_cast<int64_t>(Rand(1 << 20));
   m->deadline = static_cast<int64_t>(Rand(1ULL << 62));
@@ -184,6 +185,7 @@ TEST(wire_notify_round_trip_prefixes_and_corruption) { Exercise<Notify>(40); }
 TEST(wire_key_ref_round_trip_prefixes_and_corruption) { Exercise<KeyRef>(100); }
 TEST(wire_cache_info_round_trip_prefixes_and_corruption) { Exercise<CacheInfo>(100); }
 TEST(wire_ucx_info_round_trip_prefixes_and_corruption) { Exercise<UcxInfo>(60); }
+TEST(wire_crc_mismatch_round_trip_prefixes_and_corruption) { Exercise<CrcMismatch>(100); }
 TEST(wire_cache_query_round_trip_prefixes_and_corruption) {
   std::string by_id;
   Encode(CacheQuery{}, &by_id);

@@ -270,6 +270,7 @@ class Impl {
   std::string transport_ = "auto";
   std::string auth_token_;
   std::shared_ptr<TlsContext> tls_;  // kvblocks.Encryption=tls: every TCP connection of a link
+  bool integrity_ = false;  // kvblocks.Integrity=crc32c: our TCP transfers carry CRC32C (transport/checked.h)
   bool ucx_trusted_ = false;  // kvblocks.UcxTrustedNetwork=1: UCX may be offered (README, threat model)
   bool role_check_ = false;  // kvblocks.RoleCheck: "0" (default, CANN V2) or "1" (V1 roles)
   bool local_comm_res_ = false;  // CANN: with llm.LocalCommRes a cluster needs no local_ip_infos

@@ -159,6 +159,16 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
       return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use 0 or 1", OPTION_UCX_TRUSTED_NETWORK, v.c_str());
     ucx_trusted = v == "1";
   }
+  bool integrity = false;  // the caller's side decides; a peer that cannot check is refused (tcp_path.cc)
+  if (get(OPTION_INTEGRITY, &v)) {
+    if (v != "none" && v != "crc32c")
+      return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use none or crc32c", OPTION_INTEGRITY, v.c_str());
+    integrity = v == "crc32c";
+  }
+  // UCX moves bytes one-sided (RMA): no peer reads the source, so nothing could compute the CRC.
+  if (integrity && transport == "ucx")
+    return Fail(LLM_PARAM_INVALID, "option %s=crc32c needs a served path: use %s=tcp or auto (UCX's one-sided RMA "
+                "is never checked)", OPTION_INTEGRITY, OPTION_TRANSPORT);
   if (transport == "ucx") {
     // The worker itself starts with the first UCX link, bound to that link's interface.
     std::string why;
@@ -182,6 +192,7 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   max_links_ = max_links;
   max_links_per_peer_ = per_peer;
   ucx_trusted_ = ucx_trusted;
+  integrity_ = integrity;
   if (listen) {
     const Status st = StartListening(listen_ip, listen_port);
     if (st != LLM_SUCCESS) return st;

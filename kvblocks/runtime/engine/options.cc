@@ -31,6 +31,7 @@ const char *const kKnownOptions[] = {
     OPTION_TLS_CERT_FILE,
     OPTION_TLS_KEY_FILE,
     OPTION_TLS_CA_FILE,
+    OPTION_INTEGRITY,
 };
 
 std::string Lower(std::string s) {

@@ -66,6 +66,7 @@ struct Link {
   PeerIdentity peer;          // claimed: hints only
   LocalPeer local;            // kernel-verified same-host peer (pid, pidfd, memfds); pid 0 when none
   uint64_t capabilities = 0;  // offered by both sides
+  bool integrity = false;     // kvblocks.Integrity=crc32c on our side: our TCP requests carry CRC32C
   bool same_process = false;  // verified: the peer proved it is an engine of this process
   bool same_host = false;     // verified: same_process or local.pid
   bool one_sided = false;  // some cache is reached without the peer (memcpy, CMA)

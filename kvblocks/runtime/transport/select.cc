@@ -177,12 +177,13 @@ bool PeerAlive(const Link *link, bool pidfd) {
 }
 
 uint64_t OfferedCapabilities(const std::string &transport, bool ucx_trusted) {
-  if (transport == "tcp") return kCapTcp | kCapCacheQuery | kCapKeyQuery;
-  if (transport == "ucx") return kCapTcp | kCapUcx | kCapCacheQuery | kCapKeyQuery;  // only when trusted
+  constexpr uint64_t kServed = kCapTcp | kCapCacheQuery | kCapKeyQuery | kCapCrc32c;  // no one-sided path
+  if (transport == "tcp") return kServed;
+  if (transport == "ucx") return kServed | kCapUcx;  // only when trusted
   // auto offers UCX (for peers on other hosts) only on a trusted network and when the plugin loads;
   // loading it is its first use.
   const uint64_t ucx = transport == "auto" && ucx_trusted && UcxAvailable() ? uint64_t{kCapUcx} : 0;
-  return kCapTcp | kCapSharedMemory | kCapCma | kCapInProcess | ucx | kCapCacheQuery | kCapKeyQuery;
+  return kServed | kCapSharedMemory | kCapCma | kCapInProcess | ucx;
 }
 
 void FillIdentity(uint64_t instance, const uint64_t *probe, PeerIdentity *id) {
@@ -209,7 +210,7 @@ void ChoosePaths(Link *link) {
   // pid from the local exchange. What the peer says about its identity plays no part.
   if (link->same_process && !IsLocalInstance(link->peer.instance)) link->same_process = false;
   link->same_host = link->same_process || link->local.pid > 0;
-  const bool one_sided = link->same_host && (link->capabilities & ~uint64_t{kCapTcp | kCapCacheQuery | kCapKeyQuery}) != 0;
+  const bool one_sided = link->same_host && (link->capabilities & ~uint64_t{kCapTcp | kCapCacheQuery | kCapKeyQuery | kCapCrc32c}) != 0;
   const bool cma_ok = one_sided && !link->same_process && CanAttach(link->local.pid, link->peer);
   link->local.TakeBeacon();
   link->one_sided = one_sided;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <deque>
 
 #include "common/error.h"
@@ -17,6 +18,7 @@
 #include "common/util.h"
 #include "link/link.h"
 #include "net/socket.h"
+#include "transport/checked.h"
 #include "transport/path.h"
 
 namespace kvblocks {
@@ -73,6 +75,19 @@ void LocalIov(const Plan &plan, const Piece &piece, const CacheEntry &local, boo
   }
 }
 
+// The same stream as pairs (transport/checked.h), for kvblocks.Integrity=crc32c.
+PairList LocalPairs(const Plan &plan, const Piece &piece, const CacheEntry &local, bool pull) {
+  const auto &tensors = pull ? plan.dst_tensors : plan.src_tensors;
+  const size_t ns = piece.seg_end - piece.seg_begin;
+  PairList out;
+  out.count = tensors.size() * ns;
+  out.at = [&plan, &piece, &local, &tensors, ns, pull](size_t i) {
+    const Segment &g = plan.segs[piece.seg_begin + i % ns];
+    return iovec{local.tensor(tensors[i / ns]) + (pull ? g.dst_off : g.src_off), static_cast<size_t>(g.len)};
+  };
+  return out;
+}
+
 // The zeros between a frame and its data (wire/messages.h DataPad): read into `sink` on a pull,
 // sent on an inline push; none before a large push's data, which follows WRITE_READY.
 iovec DataPadIov(bool pull, bool inline_data, size_t body, uint8_t *sink) {
@@ -108,6 +123,12 @@ class TcpPath : public Path {
   Status ReadReply(RecvBuffer &rb, Pending &p, bool *reusable);
   Status Exchange(int fd, std::vector<iovec> &iov, size_t head, bool pull, bool inline_data, uint64_t total,
                   int64_t deadline, bool *reusable);
+  // One request of a kvblocks.Integrity=crc32c transfer (kFlagCrc32c; transport/checked.h).
+  Status ExchangeChecked(int fd, const Plan &plan, const Piece &piece, const CacheEntry &local, bool pull,
+                         int64_t deadline, bool *reusable);
+  Status WriteDoneChecked(int fd, const Plan &plan, const Piece &piece, const CacheEntry &local, uint64_t pairs,
+                          int64_t deadline, bool *reusable);
+  Status Mismatch(const Plan &plan, const Piece &piece, const CacheEntry &local, bool pull, uint64_t pair) const;
   Link *link_;  // owns this path
   int64_t cache_id_;
 };
@@ -161,13 +182,105 @@ Status TcpPath::Exchange(int fd, std::vector<iovec> &iov, size_t head, bool pull
   return LLM_SUCCESS;
 }
 
+// Names the pair whose CRC differed by this side's tensor and block (pull: where it landed; push:
+// where it came from), the peer's cache and cluster.
+Status TcpPath::Mismatch(const Plan &plan, const Piece &piece, const CacheEntry &local, bool pull,
+                         uint64_t pair) const {
+  const size_t ns = piece.seg_end - piece.seg_begin;
+  const uint32_t t = (pull ? plan.dst_tensors : plan.src_tensors)[pair / ns];
+  const Segment &g = plan.segs[piece.seg_begin + pair % ns];
+  const uint64_t off = pull ? g.dst_off : g.src_off, stride = local.stride ? local.stride : 1;
+  const uint64_t first = off / stride, last = (off + g.len - 1) / stride;
+  char blocks[64];
+  snprintf(blocks, sizeof(blocks), first == last ? "block %llu" : "blocks %llu-%llu",
+           static_cast<unsigned long long>(first), static_cast<unsigned long long>(last));
+  return Fail(LLM_FAILED,
+              "kvblocks.Integrity=crc32c: CRC32C mismatch in tensor %u, %s (bytes %llu..%llu) %s cache %lld of "
+              "cluster %llu: the bytes were corrupted in flight (%s)",
+              t, blocks, static_cast<unsigned long long>(off), static_cast<unsigned long long>(off + g.len),
+              pull ? "pulled from" : "pushed to", static_cast<long long>(cache_id_),
+              static_cast<unsigned long long>(link_->remote_cluster_id),
+              pull ? "checked here; the destination blocks of this call hold what arrived"
+                   : "checked by the peer, which holds what arrived");
+}
+
+// WRITE_DONE of a checked write: success, a CRC mismatch (its pair), or a refusal.
+Status TcpPath::WriteDoneChecked(int fd, const Plan &plan, const Piece &piece, const CacheEntry &local,
+                                 uint64_t pairs, int64_t deadline, bool *reusable) {
+  FrameHeader h;
+  const IoResult r = RecvReplyHeader(fd, &h, deadline);
+  if (r != IoResult::kOk) return Fail(StatusOf(r), "the peer did not answer in time or closed the channel");
+  if (h.type != kWriteDone) return Fail(LLM_LINK_FAILED, "unexpected frame type %u from the peer", h.type);
+  if (h.status != LLM_FAILED || h.length != kCrcMismatchBytes) {
+    *reusable = h.length == 0;
+    if (h.status != LLM_SUCCESS) return Fail(h.status, "the peer refused the request");
+    return *reusable ? LLM_SUCCESS : Fail(LLM_LINK_FAILED, "the peer answered a write with %llu bytes",
+                                          static_cast<unsigned long long>(h.length));
+  }
+  std::string payload(kCrcMismatchBytes, '\0');
+  CrcMismatch m;
+  if (RecvAll(fd, &payload[0], payload.size(), deadline) != IoResult::kOk || !Decode(payload, &m) || m.pair >= pairs)
+    return Fail(LLM_FAILED, "kvblocks.Integrity=crc32c: cluster %llu found a CRC32C mismatch in a push but named no "
+                "pair of it", static_cast<unsigned long long>(link_->remote_cluster_id));
+  *reusable = true;
+  return Mismatch(plan, piece, local, false, m.pair);
+}
+
+Status TcpPath::ExchangeChecked(int fd, const Plan &plan, const Piece &piece, const CacheEntry &local, bool pull,
+                                int64_t deadline, bool *reusable) {
+  std::string body;
+  Encode(MakeRequest(plan, piece, cache_id_, pull, deadline, link_->clock_offset_ns), &body);
+  const uint64_t total = piece.bytes_per_tensor * plan.src_tensors.size();
+  const bool inline_data = !pull && total <= kMaxInlineWrite;
+  const PairList pairs = LocalPairs(plan, piece, local, pull);
+  uint8_t head[kFrameHeaderBytes], sink[kDataAlign];
+  EncodeHeader(FrameHeader{static_cast<uint16_t>(pull ? kReadReq : kWriteReq),
+                           static_cast<uint16_t>((inline_data ? kFlagInline : 0) | kFlagCrc32c), 0, body.size()},
+               head);
+  iovec req[3] = {{head, sizeof(head)}, {&body[0], body.size()}, DataPadIov(pull, inline_data, body.size(), sink)};
+  FrameHeader h;
+  Status st;
+  if (inline_data) {
+    if ((st = StatusOf(SendChecked(fd, req, 3, pairs, deadline))) != LLM_SUCCESS) return st;
+    return WriteDoneChecked(fd, plan, piece, local, pairs.count, deadline, reusable);
+  }
+  if ((st = StatusOf(SendIov(fd, req, 2, deadline))) != LLM_SUCCESS) return st;
+  if (!pull) {
+    if ((st = Expect(fd, kWriteReady, deadline, &h, reusable)) != LLM_SUCCESS) return st;
+    if ((st = StatusOf(SendChecked(fd, nullptr, 0, pairs, deadline))) != LLM_SUCCESS) return st;
+    return WriteDoneChecked(fd, plan, piece, local, pairs.count, deadline, reusable);
+  }
+  if ((st = Expect(fd, kReadResp, deadline, &h, reusable)) != LLM_SUCCESS) return st;
+  const uint64_t want = total + CrcTrailerBytes(pairs.count);
+  if (h.length != want)
+    return Fail(LLM_LINK_FAILED, "the peer announced %llu bytes, not %llu", static_cast<unsigned long long>(h.length),
+                static_cast<unsigned long long>(want));
+  uint64_t bad = kNoMismatch;
+  st = StatusOf(RecvChecked([&](iovec *v, size_t n) { return RecvIov(fd, v, n, deadline); }, &req[2], 1, pairs, &bad));
+  *reusable = st == LLM_SUCCESS;
+  if (st != LLM_SUCCESS || bad == kNoMismatch) return st;
+  NoteCrcMismatch(link_, false);
+  return Mismatch(plan, piece, local, true, bad);
+}
+
 Status TcpPath::Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) {
+  // The caller's engine decides (kvblocks.Integrity); a peer that cannot check is refused, never skipped.
+  if (link_->integrity && (link_->capabilities & kCapCrc32c) == 0)
+    return Fail(LLM_FEATURE_NOT_ENABLED,
+                "kvblocks.Integrity=crc32c: cluster %llu does not offer CRC32C-checked transfers (an older "
+                "kvblocks); refusing to move the bytes unchecked",
+                static_cast<unsigned long long>(link_->remote_cluster_id));
   Status st;
   const int fd = link_->AcquireChannel(deadline, &st);
   if (fd < 0) return st;
   bool reusable = true;
   st = LLM_SUCCESS;
   for (const Piece &piece : SplitPlan(plan)) {
+    if (link_->integrity) {
+      reusable = false;
+      if ((st = ExchangeChecked(fd, plan, piece, local, pull, deadline, &reusable)) != LLM_SUCCESS) break;
+      continue;
+    }
     std::string body;
     Encode(MakeRequest(plan, piece, cache_id_, pull, deadline, link_->clock_offset_ns), &body);
     const uint64_t total = piece.bytes_per_tensor * plan.src_tensors.size();
@@ -195,6 +308,7 @@ Status TcpPath::Execute(const Plan &plan, const CacheEntry &local, bool pull, in
 // Small transfers only: one frame each, replies and inline data at most kMaxInlineWrite, so a run
 // stays latency-bound and large transfers keep channels of their own.
 const void *TcpPath::PipelineKey(const Plan &plan, bool) const {
+  if (link_->integrity) return nullptr;  // checked transfers run one request at a time (Execute)
   const uint64_t fixed = kRequestFixedBytes + 4ULL * plan.src_tensors.size();
   if (plan.segs.size() > (kMaxRequestPayload - fixed) / kRequestRangeBytes) return nullptr;
   uint64_t per_tensor = 0;

@@ -11,6 +11,7 @@
 #include "common/util.h"
 #include "link/link.h"
 #include "net/socket.h"
+#include "transport/checked.h"
 #include "transport/path.h"
 
 namespace kvblocks {
@@ -75,24 +76,59 @@ IoResult Stream(const Request &req, const iovec *head, size_t nhead, Io &&io) {
   return iov.empty() ? IoResult::kOk : io(iov.data(), iov.size());
 }
 
+// The request's (tensor, range) pairs in wire order, for kFlagCrc32c (transport/checked.h).
+PairList Pairs(const Request &req) {
+  const size_t ns = req.wire.ranges.size();
+  PairList out;
+  out.count = req.bases.size() * ns;
+  out.at = [&req, ns](size_t i) {
+    const ByteRange &g = req.wire.ranges[i % ns];
+    return iovec{req.bases[i / ns] + g.offset, static_cast<size_t>(g.length)};
+  };
+  return out;
+}
+
 bool Reply(int fd, uint16_t type, Status st) {
   return SendFrame(fd, type, st, nullptr, 0, NowNs() + kFrameNs) == IoResult::kOk;
 }
 
-bool ServeRead(int fd, const Request &req) {
+bool ServeRead(int fd, const Request &req, bool crc) {
   uint8_t head[kFrameHeaderBytes];
-  EncodeHeader(FrameHeader{kReadResp, 0, LLM_SUCCESS, req.wire.total}, head);
-  const iovec h[2] = {{head, sizeof(head)}, {const_cast<uint8_t *>(kZeroPad), DataPad(sizeof(head))}};
+  const PairList pairs = crc ? Pairs(req) : PairList();
+  EncodeHeader(FrameHeader{kReadResp, 0, LLM_SUCCESS, req.wire.total + (crc ? CrcTrailerBytes(pairs.count) : 0)},
+               head);
+  iovec h[2] = {{head, sizeof(head)}, {const_cast<uint8_t *>(kZeroPad), DataPad(sizeof(head))}};
+  if (crc) return SendChecked(fd, h, 2, pairs, req.deadline) == IoResult::kOk;
   // Past the requester's deadline it has given up; stop sending and drop the connection.
   return Stream(req, h, 2, [&](iovec *v, size_t n) { return SendIov(fd, v, n, req.deadline); }) == IoResult::kOk;
 }
 
+// A checked write's data, then WRITE_DONE: success, or LLM_FAILED naming the first pair whose
+// CRC32C differed (what arrived stays written: the pusher's call fails).
+bool ServeWriteChecked(int fd, RecvBuffer &rb, const Request &req, const Link *link) {
+  const PairList pairs = Pairs(req);
+  uint64_t bad = kNoMismatch;
+  auto read = [&](iovec *v, size_t n) { return rb.ReadIov(v, n, req.deadline); };
+  if (RecvChecked(read, nullptr, 0, pairs, &bad) != IoResult::kOk) return false;
+  if (bad == kNoMismatch) return SendFrame(fd, kWriteDone, LLM_SUCCESS, nullptr, 0, req.deadline) == IoResult::kOk;
+  NoteCrcMismatch(link, true);
+  const ByteRange &g = req.wire.ranges[bad % req.wire.ranges.size()];
+  const uint64_t stride = req.cache->stride ? req.cache->stride : 1;
+  LogWarn("kvblocks.Integrity: CRC32C mismatch in a push from cluster %llu into cache %lld, tensor %u, block %llu "
+          "(bytes %llu..%llu): corrupted in flight; the push fails",
+          static_cast<unsigned long long>(link->remote_cluster_id), static_cast<long long>(req.wire.cache_id),
+          req.wire.tensors[bad / req.wire.ranges.size()], static_cast<unsigned long long>(g.offset / stride),
+          static_cast<unsigned long long>(g.offset), static_cast<unsigned long long>(g.offset + g.length));
+  return SendMessage(fd, kWriteDone, LLM_FAILED, CrcMismatch{bad}, req.deadline) == IoResult::kOk;
+}
+
 // `pad`: the zeros before inline data (wire/messages.h DataPad), skipped here.
-bool ServeWrite(int fd, RecvBuffer &rb, const Request &req, bool inline_data, size_t pad) {
+bool ServeWrite(int fd, RecvBuffer &rb, const Request &req, bool inline_data, size_t pad, bool crc, const Link *link) {
   uint8_t sink[kDataAlign];
   if (inline_data && pad > 0 && rb.Read(sink, pad, req.deadline) != IoResult::kOk) return false;
   if (!inline_data && SendFrame(fd, kWriteReady, LLM_SUCCESS, nullptr, 0, req.deadline) != IoResult::kOk)
     return false;
+  if (crc) return ServeWriteChecked(fd, rb, req, link);
   // RecvIov re-checks the deadline before every read, so once the pusher's call has returned
   // (its deadline passed) no further byte lands in the cache.
   if (Stream(req, nullptr, 0, [&](iovec *v, size_t n) { return rb.ReadIov(v, n, req.deadline); }) != IoResult::kOk)
@@ -101,22 +137,31 @@ bool ServeWrite(int fd, RecvBuffer &rb, const Request &req, bool inline_data, si
 }
 
 // Refuses a write; the announced inline bytes are drained so the channel stays usable. `q.total`
-// is what the peer announced, even when the rest of its request did not decode.
-bool RefuseWrite(int fd, RecvBuffer &rb, const XferRequest &q, bool inline_data, size_t pad, Status st) {
+// is what the peer announced, even when the rest of its request did not decode. Checked inline data
+// also has its CRC blocks, one per pair: only a request that decoded says how many (each pair has
+// at least one byte, so an honest one has at most `total`); otherwise the channel closes.
+bool RefuseWrite(int fd, RecvBuffer &rb, const XferRequest &q, bool inline_data, size_t pad, Status st, bool crc,
+                 bool decoded) {
   if (!inline_data) return Reply(fd, kWriteReady, st);
   if (q.total > kMaxInlineWrite) return false;
-  std::string sink(pad + q.total, '\0');
+  uint64_t pairs = 0;
+  if (crc && (!decoded || __builtin_mul_overflow(uint64_t{q.tensors.size()}, uint64_t{q.ranges.size()}, &pairs) ||
+              pairs > q.total))
+    return false;
+  std::string sink(pad + q.total + (crc ? CrcTrailerBytes(pairs) : 0), '\0');
   if (!sink.empty() && rb.Read(&sink[0], sink.size(), NowNs() + kFrameNs) != IoResult::kOk) return false;
   return Reply(fd, kWriteDone, st);
 }
 
 // Returns false when the connection must be closed.
 bool ServeRequest(int fd, RecvBuffer &rb, const FrameHeader &h, const std::string &payload,
-                  const CacheRegistry &caches) {
+                  const CacheRegistry &caches, const Link *link) {
   Request req;
   Status st;
+  bool decoded = false;
   try {
-    st = Decode(payload, &req.wire) ? CheckRequest(&req, caches) : LLM_PARAM_INVALID;
+    decoded = Decode(payload, &req.wire);
+    st = decoded ? CheckRequest(&req, caches) : LLM_PARAM_INVALID;
   } catch (const std::bad_alloc &) {
     st = LLM_OUT_OF_MEMORY;
   }
@@ -128,10 +173,11 @@ bool ServeRequest(int fd, RecvBuffer &rb, const FrameHeader &h, const std::strin
     else serving.reset(new ServingFd(req.cache.get(), fd));
   }
   const bool inline_data = (h.flags & kFlagInline) != 0;
-  if (h.type == kReadReq) return st == LLM_SUCCESS ? ServeRead(fd, req) : Reply(fd, kReadResp, st);
+  const bool crc = (h.flags & kFlagCrc32c) != 0;  // the requester's kvblocks.Integrity
+  if (h.type == kReadReq) return st == LLM_SUCCESS ? ServeRead(fd, req, crc) : Reply(fd, kReadResp, st);
   const size_t pad = DataPad(kFrameHeaderBytes + payload.size());
-  return st == LLM_SUCCESS ? ServeWrite(fd, rb, req, inline_data, pad)
-                           : RefuseWrite(fd, rb, req.wire, inline_data, pad, st);
+  return st == LLM_SUCCESS ? ServeWrite(fd, rb, req, inline_data, pad, crc, link)
+                           : RefuseWrite(fd, rb, req.wire, inline_data, pad, st, crc, decoded);
 }
 
 }  // namespace
@@ -157,7 +203,7 @@ void ServeChannel(int fd, Link *link, const CacheRegistry &caches) {
     }
     if (rb.ReadPayload(h, Channel::kData, &payload, NowNs() + kFrameNs) != IoResult::kOk) break;
     if (h.type == kReadReq || h.type == kWriteReq) {
-      if (!ServeRequest(fd, rb, h, payload, caches)) break;
+      if (!ServeRequest(fd, rb, h, payload, caches, link)) break;
       if (payload.capacity() > kPayloadChunk) std::string().swap(payload);  // a rare large one: not kept
     } else if (!Reply(fd, kError, LLM_PARAM_INVALID)) {
       break;

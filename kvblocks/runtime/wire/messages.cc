@@ -383,5 +383,14 @@ bool Decode(const std::string &in, Notify *m) {
   });
 }
 
+void Encode(const CrcMismatch &m, std::string *out) {
+  Writer w;
+  w.Put<uint64_t>(m.pair);
+  *out = std::move(w.buf);
+}
+
+bool Decode(const std::string &in, CrcMismatch *m) {
+  return DecodeAll(in, [&](Reader *r) { m->pair = r->Get<uint64_t>(); });
+}
 
 }  // namespace kvblocks

@@ -45,6 +45,7 @@ enum FrameType : uint16_t {
 };
 constexpr uint16_t kFlagInline = 1;    // WRITE_REQ: the data follows the request
 constexpr uint16_t kFlagCrossing = 2;  // LINK_INFO/CONFIRM_ACK refusal: both sides link at once, ours wins
+constexpr uint16_t kFlagCrc32c = 4;    // READ_REQ/WRITE_REQ to a kCapCrc32c peer: the data carries CRC blocks
 
 constexpr size_t kFrameHeaderBytes = 24;
 struct FrameHeader {
@@ -75,6 +76,7 @@ enum Capability : uint64_t {
   kCapCacheQuery = 1 << 5,    // answers CACHE_QUERY (a cache registered after linking); not a path
   kCapKeyQuery = 1 << 6,      // answers CACHE_QUERY by cache key and by batch key too; not a path
   kCapUcx = 1 << 7,           // UCP get/put; worker address and rkeys in UCX_INFO after CONFIRM (ucx_path.cc)
+  kCapCrc32c = 1 << 8,        // serves and checks data requests with kFlagCrc32c; not a path
 };
 
 enum class ConnKind : uint32_t { kCtrl = 1, kDataFwd = 2, kDataRev = 3 };
@@ -240,6 +242,23 @@ struct XferRequest {
   std::vector<ByteRange> ranges;
 };
 
+// ---- kvblocks.Integrity=crc32c (kFlagCrc32c): after every kCrcGroupPairs (tensor, range) pairs of
+// a request's data stream (the last group: the rest) comes a CRC block: each pair's CRC32C, u32,
+// zero-padded to a multiple of kDataAlign bytes (so the data after it keeps its alignment).
+constexpr uint64_t kCrcGroupPairs = 1024;
+inline uint64_t CrcBlockBytes(uint64_t pairs_in_group) { return 4 * pairs_in_group + DataPad(4 * pairs_in_group); }
+// All CRC blocks of a stream of `pairs` pairs.
+inline uint64_t CrcTrailerBytes(uint64_t pairs) {
+  return pairs / kCrcGroupPairs * CrcBlockBytes(kCrcGroupPairs) + CrcBlockBytes(pairs % kCrcGroupPairs);
+}
+
+// WRITE_DONE's payload when a kFlagCrc32c write's bytes did not match their CRC (status LLM_FAILED):
+// the first pair (in stream order, counted from 0) that differed.
+struct CrcMismatch {
+  uint64_t pair = 0;
+};
+constexpr size_t kCrcMismatchBytes = 8;
+
 // ---- payload bounds
 // Where a frame arrives: the handshake of any connection (before it belongs to a link), a link's
 // control connection, or a data channel this side serves.
@@ -296,6 +315,7 @@ void Encode(const KeyRef &m, std::string *out);
 void Encode(const CacheQuery &m, std::string *out);
 void Encode(const CacheInfo &m, std::string *out);
 void Encode(const UcxInfo &m, std::string *out);
+void Encode(const CrcMismatch &m, std::string *out);
 
 bool Decode(const std::string &in, Hello *m);  // false also for another protocol version
 bool Decode(const std::string &in, Challenge *m);
@@ -310,6 +330,7 @@ bool Decode(const std::string &in, KeyRef *m);  // false also for a negative key
 bool Decode(const std::string &in, CacheQuery *m);  // false also for a bad kind or key
 bool Decode(const std::string &in, CacheInfo *m);
 bool Decode(const std::string &in, UcxInfo *m);  // false also for out-of-range counts, sizes and indices
+bool Decode(const std::string &in, CrcMismatch *m);
 
 }  // namespace kvblocks
 
