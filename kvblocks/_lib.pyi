@@ -167,6 +167,7 @@ class PeerMetrics(TypedDict):
     notifies_sent: int
     notifies_received: int
     timeouts: int
+    crc_mismatches: int  # kvblocks.Integrity=crc32c: checks that failed on this side
     paths: List[PathMetrics]
 
 class EngineMetrics(TypedDict):

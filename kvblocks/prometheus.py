@@ -38,6 +38,7 @@ _HELP = {
     "kvblocks_link_up": ("gauge", "1 while a live link to the peer exists."),
     "kvblocks_data_channels": ("gauge", "Data channels open on the link to the peer."),
     "kvblocks_notifications": ("counter", "Notifications sent (acknowledged) and received."),
+    "kvblocks_crc_mismatches": ("counter", "Transfer checks (kvblocks.Integrity=crc32c) that failed on this side."),
     "kvblocks_caches": ("gauge", "Caches registered or allocated in the engine."),
     "kvblocks_cache_bytes": ("gauge", "Bytes of the caches registered or allocated in the engine."),
 }
@@ -65,6 +66,7 @@ def _add_engine(fam: Dict[str, Family], e: dict) -> None:
             for d in ("sent", "received"):
                 fam["kvblocks_notifications"].samples.append((peer + (("direction", d),), p["notifies_" + d]))
         fam["kvblocks_transfer_timeouts"].samples.append((peer, p["timeouts"]))
+        fam["kvblocks_crc_mismatches"].samples.append((peer, p["crc_mismatches"]))
         for path in p["paths"]:
             at = peer + (("path", path["path"]),)
             fam["kvblocks_transfers_in_flight"].samples.append((at, path["in_flight"]))

@@ -102,6 +102,9 @@ def test_pull_with_a_bit_flipped_in_flight(peer, integrity):
             # The channel stayed in step: the next pull (nothing flipped now) is checked and lands.
             me.pull_kv_blocks(kb.CacheIndex(1, p.info["reg"]), dst, src_blocks, dst_blocks)
             assert np.array_equal(dst.numpy(1)[1], pattern(1, 1, BLOCKS, bb)[5])
+            # ... and the operator sees the mismatch in the metrics (one failed check, this peer).
+            [peer_m] = [m for m in me.metrics()["peers"] if m["peer"] == 1]
+            assert peer_m["crc_mismatches"] == 1, peer_m
         else:
             me.pull_kv_blocks(kb.CacheIndex(1, p.info["reg"]), dst, src_blocks, dst_blocks)
             assert relay.line(10)["flipped"] > 0

@@ -46,6 +46,7 @@ struct KVBLOCKS_STD_STRING_ABI PeerMetrics {
   int data_channels = 0;       // open now
   uint64_t links = 0, relinks = 0, unlinks = 0, link_failures = 0, link_breaks = 0;
   uint64_t notifies_sent = 0, notifies_received = 0;
+  uint64_t crc_mismatches = 0;  // kvblocks.Integrity=crc32c: transfers that failed their check, this side
   uint64_t timeouts = 0;  // transfers that ended LLM_TIMEOUT, all kinds and paths
   std::vector<PathMetrics> paths;
 };

@@ -95,6 +95,7 @@ void PeerJson(std::string *s, const PeerMetrics &p) {
   Num(s, "notifies_sent", p.notifies_sent);
   Num(s, "notifies_received", p.notifies_received);
   Num(s, "timeouts", p.timeouts);
+  Num(s, "crc_mismatches", p.crc_mismatches);
   List(s, "paths", p.paths, [s](const PathMetrics &x) { PathJson(s, x); });
   *s += "}";
 }

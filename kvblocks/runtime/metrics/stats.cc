@@ -138,6 +138,7 @@ PeerMetrics SnapshotPeer(const PeerStats &ps) {
   m.link_breaks = Get(ps.link_breaks);
   m.notifies_sent = Get(ps.notifies_sent);
   m.notifies_received = Get(ps.notifies_received);
+  m.crc_mismatches = Get(ps.crc_mismatches);
   SnapshotPaths(ps, &m);
   return m;
 }

@@ -56,6 +56,7 @@ struct PeerStats {
   const uint64_t cluster_id;
   Counter links{0}, relinks{0}, unlinks{0}, link_failures{0}, link_breaks{0};
   Counter notifies_sent{0}, notifies_received{0};
+  Counter crc_mismatches{0};  // kvblocks.Integrity: segments whose CRC32C did not match (either side)
   std::atomic<PathStats *> paths[kMaxPaths] = {};
   // The slot of the path named `name`, made on first use (a compare-and-swap, no lock); the last
   // slot is shared by any further names.

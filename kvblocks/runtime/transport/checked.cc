@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "link/link.h"
 #include "security/crc32c.h"
 #include "wire/codec.h"
 
@@ -113,8 +114,9 @@ IoResult RecvChecked(const ReadIovFn &read, iovec *head, size_t nhead, const Pai
   return Walk(pairs, kRecvBatch, &iov, chunk, flush);
 }
 
-void NoteCrcMismatch(const Link *, bool) {
-  // Counted by the metrics (issue 30): the caller has already set the call's error message.
+void NoteCrcMismatch(const Link *link, bool) {
+  // The caller has already set the call's error message; this counts it for the operator.
+  if (link != nullptr && link->stats) metrics::Add(link->stats->crc_mismatches);
 }
 
 }  // namespace kvblocks
