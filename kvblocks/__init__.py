@@ -88,8 +88,9 @@ except ImportError as _err:
 
 
 def metrics() -> list:
-    """Counters of every engine of this process now: a list with one dict per engine, as
-    :meth:`LlmDataDist.metrics` returns (README "Metrics"). Takes no lock a transfer needs."""
+    """Counters of every live engine (initialized, not finalized) of this process now: a list with one
+    dict per engine, as :meth:`LlmDataDist.metrics` returns (README "Metrics"). Takes no lock a transfer
+    needs. Raises nothing."""
     return process_metrics()
 
 

@@ -59,7 +59,8 @@ struct KVBLOCKS_STD_STRING_ABI EngineMetrics {
   std::vector<PeerMetrics> peers;
 };
 
-// Every engine of this process, then the same as JSON (one object per engine, the fields above).
+// Every live (initialized, not finalized) engine of this process, then the same as JSON (one object
+// per engine, the fields above).
 KVBLOCKS_API std::vector<EngineMetrics> ProcessMetrics() noexcept;
 KVBLOCKS_API std::string MetricsJson(const std::vector<EngineMetrics> &engines) noexcept;
 inline std::string ProcessMetricsJson() noexcept { return MetricsJson(ProcessMetrics()); }

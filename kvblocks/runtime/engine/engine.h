@@ -126,6 +126,7 @@ class Impl {
                    const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext, TransferHandle *out);
   // engine/metrics.cc: this engine's counters now (include/kvblocks/metrics.h).
   void Metrics(EngineMetrics *out);
+  bool Live() const { return initialized(); }  // initialized and not finalized: in kvblocks.metrics()
 
  private:
   bool initialized() const { return initialized_.load(std::memory_order_acquire); }

@@ -132,6 +132,7 @@ std::vector<EngineMetrics> ProcessMetrics() noexcept {
   try {
     std::lock_guard<std::mutex> g(EnginesMu());
     for (Impl *e : Engines()) {
+      if (!e->Live()) continue;  // finalized (or not started): its counters are history
       out.emplace_back();
       e->Metrics(&out.back());
     }
