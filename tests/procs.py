@@ -64,6 +64,17 @@ class Peer:
             self.close(kill=True)
             raise
 
+    def wait_stderr(self, text, timeout=10.0):
+        """Whether ``text`` appears on the peer's stderr within ``timeout`` s (a runtime thread may
+        log it after the call that caused it returned on the other side)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if text in self._stderr():
+                return True
+            if time.monotonic() >= deadline or self.proc.poll() is not None:
+                return text in self._stderr()
+            time.sleep(0.02)
+
     def _stderr(self):
         self._err.seek(0)
         return self._err.read().decode(errors="replace")

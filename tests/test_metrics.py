@@ -17,7 +17,6 @@ from procs import Peer, release, wait_stopped
 from kvblocks import prometheus as prom
 
 TENSORS, BLOCKS, BB = 4, 16, 4096
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _local(transport="tcp", wait_ms=1000):
@@ -229,7 +228,8 @@ def test_serve_metrics_and_stats_cli_read_another_process(linked):
         s = prom.parse(r.read().decode())
     assert _sample(s, "kvblocks_link_up", engine=1, peer=2) == 1
     assert _sample(s, "kvblocks_caches", engine=1) == 2
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [os.environ.get("PYTHONPATH", "")]))
+    tested = os.path.dirname(os.path.dirname(os.path.abspath(kb.__file__)))  # the kvblocks under test
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tested] + [os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-m", "kvblocks", "stats", url], capture_output=True, text=True,
                          timeout=60, env=env, cwd="/")
     assert out.returncode == 0, out.stderr
