@@ -35,6 +35,8 @@ def test_link_without_the_right_token_fails_and_is_logged(secured, token):
     try:
         assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_LINK_FAILED]
         assert me.link_path(1) == ""
+        # The listener logs from a runtime thread: wait for the line on its live stderr.
+        assert peer.wait_stderr("rejected a link from cluster 2"), peer._stderr()
     finally:
         me.finalize()
     peer.close()

@@ -122,7 +122,7 @@ def test_links_from_one_address_are_capped_and_a_real_engine_still_links():
                 break
             held.append(ctrl)
         assert len(held) == 32 and refused == S.LLM_CLUSTER_NUM_EXCEED_LIMIT, (len(held), refused)
-        assert "kvblocks.MaxLinksPerPeer" in listener._stderr()
+        assert listener.wait_stderr("kvblocks.MaxLinksPerPeer"), listener._stderr()
         rep = other.call(op="link", cluster=1, ip="127.0.0.1", port=port)
         assert rep["rets"] == [0], rep
         assert other.call(op="pull", cluster=1, remote_cache=listener.info["alloc"], local="alloc",

@@ -234,8 +234,7 @@ def test_the_cluster_id_is_checked():
     try:
         out = peer.call(op="link", cluster=999, ip="127.0.0.1", port=port)
         assert out["rets"] == [S.LLM_LINK_FAILED]
-        peer.call(op="digest")  # the warning is on stderr by now
-        assert "is cluster 1, not cluster 999" in peer._stderr()
+        assert peer.wait_stderr("is cluster 1, not cluster 999"), peer._stderr()
         assert me.link_path(2) == ""
         assert peer.call(op="link", cluster=1, ip="127.0.0.1", port=port)["rets"] == [0]
     finally:
