@@ -23,34 +23,26 @@ STATE = {"done": False}
 LOCK = threading.Lock()
 
 
-def flip_pipe(src, dst, marker):
-    """hostile.pipe, flipping one bit of the first ``marker`` in the stream (once per process). A marker
-    split across reads is found too: the search spans the last len(marker)-1 bytes already sent, and
-    the flipped byte (the marker's last) is always in the read at hand."""
-    tail, seen = b"", 0
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            with LOCK:
-                if not STATE["done"]:
-                    hit = (tail + data).find(marker)
-                    if hit >= 0:
-                        at = hit + len(marker) - 1 - len(tail)
-                        data = data[:at] + bytes([data[at] ^ 1]) + data[at + 1:]
-                        STATE["done"] = True
-                        print(json.dumps({"flipped": seen + at}), flush=True)
-            tail = (tail + data)[-(len(marker) - 1):]
-            seen += len(data)
-            dst.sendall(data)
-    except OSError:
-        pass
-    for s in (src, dst):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+def flipper(marker):
+    """A hostile.pipe transform flipping one bit of the first ``marker`` in the stream (once per
+    process). A marker split across reads is found too: the search spans the last len(marker)-1 bytes
+    already sent, and the flipped byte (the marker's last) is always in the read at hand."""
+    state = {"tail": b"", "seen": 0}
+
+    def transform(data):
+        tail = state["tail"]
+        with LOCK:
+            if not STATE["done"]:
+                hit = (tail + data).find(marker)
+                if hit >= 0:
+                    at = hit + len(marker) - 1 - len(tail)
+                    data = data[:at] + bytes([data[at] ^ 1]) + data[at + 1:]
+                    STATE["done"] = True
+                    print(json.dumps({"flipped": state["seen"] + at}), flush=True)
+        state["tail"] = (tail + data)[-(len(marker) - 1):]
+        state["seen"] += len(data)
+        return data
+    return transform
 
 
 def serve(listener, target, marker, direction):
@@ -59,8 +51,8 @@ def serve(listener, target, marker, direction):
         b = socket.create_connection(("127.0.0.1", target))
         for s in (a, b):
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        up = (lambda: flip_pipe(a, b, marker)) if direction == "push" else (lambda: pipe(a, b))
-        down = (lambda: flip_pipe(b, a, marker)) if direction == "pull" else (lambda: pipe(b, a))
+        up = (lambda: pipe(a, b, flipper(marker) if direction == "push" else None))
+        down = (lambda: pipe(b, a, flipper(marker) if direction == "pull" else None))
         threading.Thread(target=up, daemon=True).start()
         threading.Thread(target=down, daemon=True).start()
 

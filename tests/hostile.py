@@ -223,15 +223,16 @@ def flood(port, sockets, seconds, rate, ip="127.0.0.1"):
     return opened
 
 
-def pipe(src, dst):
+def pipe(src, dst, transform=None):
     """Copies bytes from ``src`` to ``dst`` until either end closes, then shuts both down: the
-    byte-relay half of the relaying test processes. Raises nothing."""
+    byte-relay half of the relaying test processes. ``transform(data) -> data``, when given, sees
+    (and may alter) each read before it is sent, in stream order. Raises nothing."""
     try:
         while True:
             data = src.recv(65536)
             if not data:
                 break
-            dst.sendall(data)
+            dst.sendall(transform(data) if transform else data)
     except OSError:
         pass
     for s in (src, dst):

@@ -14,34 +14,28 @@ import socket
 import sys
 import threading
 
+from hostile import pipe
+
 LOCK = threading.Lock()
 
 
-def relay(src, dst, capture, flip_at):
-    """Copies src to dst until either end closes, recording the bytes; flips byte ``flip_at`` (None:
-    none) of this direction's stream."""
-    seen = 0
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            if flip_at is not None and seen <= flip_at < seen + len(data):
-                b = bytearray(data)
-                b[flip_at - seen] ^= 0xFF
-                data = bytes(b)
-            seen += len(data)
-            with LOCK:
-                capture.write(data)
-                capture.flush()
-            dst.sendall(data)
-    except OSError:
-        pass
-    for s in (src, dst):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+def recorder(capture, flip_at):
+    """A hostile.pipe transform recording the bytes it sees; flips byte ``flip_at`` (None: none) of
+    this direction's stream."""
+    state = {"seen": 0}
+
+    def transform(data):
+        seen = state["seen"]
+        if flip_at is not None and seen <= flip_at < seen + len(data):
+            b = bytearray(data)
+            b[flip_at - seen] ^= 0xFF
+            data = bytes(b)
+        state["seen"] = seen + len(data)
+        with LOCK:
+            capture.write(data)
+            capture.flush()
+        return data
+    return transform
 
 
 def main():
@@ -60,8 +54,8 @@ def main():
         while True:
             a, _ = lst.accept()
             b = socket.create_connection(("127.0.0.1", args.target))
-            threading.Thread(target=relay, args=(a, b, capture, None), daemon=True).start()
-            threading.Thread(target=relay, args=(b, a, capture, args.flip), daemon=True).start()
+            threading.Thread(target=pipe, args=(a, b, recorder(capture, None)), daemon=True).start()
+            threading.Thread(target=pipe, args=(b, a, recorder(capture, args.flip)), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
     sys.stdin.read()  # until the test closes our stdin
