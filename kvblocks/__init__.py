@@ -43,26 +43,12 @@ from kvblocks._errors import (  # noqa: E402
     LLMOutOfMemoryError,
     LLMTimeoutError,
     ParamInvalidError,
-    Status,
 )
+from kvblocks._tables import *  # noqa: E402,F403  Status and the OPTION_* keys of the C++ headers (generated)
+from kvblocks import _tables  # noqa: E402
 
 try:
     from kvblocks._lib import (
-        OPTION_AUTH_TOKEN,
-        OPTION_BUF_POOL_CFG,
-        OPTION_DEVICE_ID,
-        OPTION_ENABLE_SET_ROLE,
-        OPTION_GLOBAL_RESOURCE_CONFIG,
-        OPTION_INTEGRITY,
-        OPTION_LISTEN_IP_INFO,
-        OPTION_LOCAL_COMM_RES,
-        OPTION_MAX_LINKS,
-        OPTION_MAX_LINKS_PER_PEER,
-        OPTION_ROLE_CHECK,
-        OPTION_SYNC_CACHE_WAIT_TIME,
-        OPTION_TRANSFER_BACKEND,
-        OPTION_TRANSPORT,
-        OPTION_UCX_TRUSTED_NETWORK,
         Cache,
         CacheDesc,
         CacheIndex,
@@ -123,12 +109,8 @@ def get_library_dir() -> str:
 __all__ = [
     "Cache", "CacheDesc", "CacheIndex", "CacheNotExistError", "CachePlacement", "ClusterInfo", "DataType",
     "FeatureNotEnabledError", "IpInfo", "KvCacheExtParam", "LLMException", "LLMOutOfMemoryError",
-    "LLMTimeoutError", "LINK_FAILURE_REASONS", "LinkError", "LinkFailure", "LlmDataDist", "LlmRole", "ParamInvalidError", "Status",
-    "OPTION_AUTH_TOKEN", "OPTION_BUF_POOL_CFG", "OPTION_DEVICE_ID", "OPTION_ENABLE_SET_ROLE",
-    "OPTION_GLOBAL_RESOURCE_CONFIG", "OPTION_INTEGRITY", "OPTION_LISTEN_IP_INFO", "OPTION_LOCAL_COMM_RES",
-    "OPTION_MAX_LINKS",
-    "OPTION_MAX_LINKS_PER_PEER", "OPTION_ROLE_CHECK",
-    "OPTION_SYNC_CACHE_WAIT_TIME", "OPTION_TRANSFER_BACKEND", "OPTION_TRANSPORT", "OPTION_UCX_TRUSTED_NETWORK",
+    "LLMTimeoutError", "LINK_FAILURE_REASONS", "LinkError", "LinkFailure", "LlmDataDist", "LlmRole", "ParamInvalidError",
     "get_include", "route_logs_to_python",
     "get_library_dir", "validate_blocks", "TransferHandle", "wait_all", "LayerPush", "metrics", "serve_metrics",
 ]
+__all__ += _tables.__all__  # Status and the OPTION_* keys

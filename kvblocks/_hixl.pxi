@@ -182,7 +182,7 @@ def get_capability(feature_type):
     cdef int64_t f = feature_type
     cdef int32_t value = 0
     if f < 0 or f > 0x7FFFFFFF:
-        return (103900 if f < 0 else 0), 0
+        return (H_PARAM_INVALID if f < 0 else 0), 0
     cdef HStatus st = CHixl.GetCapability(<HFeatureType>f, value)
     return st, value
 

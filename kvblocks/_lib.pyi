@@ -5,21 +5,6 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Typed
 
 _Blocks = Union[Sequence[int], Any]  # list/tuple of int, array('Q'), numpy integer arrays
 
-OPTION_LISTEN_IP_INFO: str
-OPTION_DEVICE_ID: str
-OPTION_SYNC_CACHE_WAIT_TIME: str
-OPTION_BUF_POOL_CFG: str
-OPTION_ENABLE_SET_ROLE: str
-OPTION_LOCAL_COMM_RES: str
-OPTION_TRANSFER_BACKEND: str
-OPTION_GLOBAL_RESOURCE_CONFIG: str
-OPTION_TRANSPORT: str
-OPTION_AUTH_TOKEN: str
-OPTION_ROLE_CHECK: str
-OPTION_MAX_LINKS: str
-OPTION_MAX_LINKS_PER_PEER: str
-OPTION_UCX_TRUSTED_NETWORK: str
-OPTION_INTEGRITY: str
 
 class LlmRole(enum.IntEnum):
     PROMPT = 1

@@ -4,22 +4,6 @@
 import enum as _enum
 import operator as _operator
 
-OPTION_LISTEN_IP_INFO = "llm.ListenIpInfo"
-OPTION_DEVICE_ID = "llm.DeviceId"
-OPTION_SYNC_CACHE_WAIT_TIME = "llm.SyncKvCacheWaitTime"
-OPTION_BUF_POOL_CFG = "llm.BufPoolCfg"
-OPTION_ENABLE_SET_ROLE = "llm.EnableSwitchRole"
-OPTION_LOCAL_COMM_RES = "llm.LocalCommRes"
-OPTION_TRANSFER_BACKEND = "llm.TransferBackend"
-OPTION_GLOBAL_RESOURCE_CONFIG = "llm.GlobalResourceConfig"
-OPTION_TRANSPORT = "kvblocks.Transport"
-OPTION_AUTH_TOKEN = "kvblocks.AuthToken"
-OPTION_ROLE_CHECK = "kvblocks.RoleCheck"
-OPTION_MAX_LINKS = "kvblocks.MaxLinks"
-OPTION_MAX_LINKS_PER_PEER = "kvblocks.MaxLinksPerPeer"
-OPTION_UCX_TRUSTED_NETWORK = "kvblocks.UcxTrustedNetwork"
-OPTION_INTEGRITY = "kvblocks.Integrity"
-
 
 class LlmRole(_enum.IntEnum):
     """Role of a participant (CANN ``LlmRole``)."""

@@ -18,26 +18,8 @@ from enum import IntEnum
 
 from kvblocks import _lib
 
-SUCCESS = 0
-PARAM_INVALID = 103900
-TIMEOUT = 103901
-NOT_CONNECTED = 103902
-ALREADY_CONNECTED = 103903
-NOTIFY_FAILED = 103904
-UNSUPPORTED = 103905
-FAILED = 503900
-RESOURCE_EXHAUSTED = 203900
-
-OPTION_ENABLE_USE_FABRIC_MEM = "EnableUseFabricMem"
-OPTION_RDMA_TRAFFIC_CLASS = "RdmaTrafficClass"
-OPTION_RDMA_SERVICE_LEVEL = "RdmaServiceLevel"
-OPTION_BUFFER_POOL = "BufferPool"
-OPTION_GLOBAL_RESOURCE_CONFIG = "GlobalResourceConfig"
-OPTION_AUTO_CONNECT = "AutoConnect"
-OPTION_LOCAL_COMM_RES = "LocalCommRes"
-
-FEATURE_SUPPORTED = 1
-FEATURE_NOT_SUPPORTED = 0
+from kvblocks.hixl import _tables
+from kvblocks.hixl._tables import *  # noqa: F403  statuses, OPTION_* keys, FEATURE_* (generated from hixl_types.h)
 
 
 class MemType(IntEnum):
@@ -95,14 +77,10 @@ Hixl = _lib.Hixl
 get_capability = _lib.get_capability
 
 __all__ = [
-    "SUCCESS", "PARAM_INVALID", "TIMEOUT", "NOT_CONNECTED", "ALREADY_CONNECTED", "NOTIFY_FAILED", "UNSUPPORTED",
-    "FAILED", "RESOURCE_EXHAUSTED",
-    "OPTION_ENABLE_USE_FABRIC_MEM", "OPTION_RDMA_TRAFFIC_CLASS", "OPTION_RDMA_SERVICE_LEVEL", "OPTION_BUFFER_POOL",
-    "OPTION_GLOBAL_RESOURCE_CONFIG", "OPTION_AUTO_CONNECT", "OPTION_LOCAL_COMM_RES",
-    "FEATURE_SUPPORTED", "FEATURE_NOT_SUPPORTED",
     "MemType", "MEM_DEVICE", "MEM_HOST", "TransferOp", "READ", "WRITE", "TransferStatus", "AsyncConnectStatus",
     "NOT_CONNECT", "CONNECT_PENDING", "CONNECTING", "CONNECTED", "CONNECT_FAILED", "DISCONNECT_PENDING",
     "DISCONNECTING", "FeatureType", "AUTO_CONNECT", "CLIENT_SERVER_COMM",
     "MemDesc", "TransferOpDesc", "TransferArgs", "GetTransferStatusArgs", "TransferResult", "NotifyDesc",
     "Hixl", "get_capability",
 ]
+__all__ += _tables.__all__

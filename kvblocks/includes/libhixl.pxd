@@ -11,6 +11,7 @@ from kvblocks.includes.libkvblocks cimport CAscendString
 
 cdef extern from "hixl/hixl.h" namespace "hixl" nogil:
     ctypedef uint32_t HStatus "hixl::Status"
+    const HStatus H_PARAM_INVALID "hixl::PARAM_INVALID"
     ctypedef void* HTransferReq "hixl::TransferReq"
     ctypedef void* HMemHandle "hixl::MemHandle"
 

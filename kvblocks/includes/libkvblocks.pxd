@@ -24,27 +24,11 @@ cdef extern from "llm_datadist/llm_datadist.h" namespace "ge" nogil:
 cdef extern from "llm_datadist/llm_datadist.h" namespace "llm_datadist" nogil:
     ctypedef uint32_t Status
 
-    const char* C_OPTION_LISTEN_IP_INFO "llm_datadist::OPTION_LISTEN_IP_INFO"
-    const char* C_OPTION_DEVICE_ID "llm_datadist::OPTION_DEVICE_ID"
-    const char* C_OPTION_SYNC_CACHE_WAIT_TIME "llm_datadist::OPTION_SYNC_CACHE_WAIT_TIME"
-    const char* C_OPTION_BUF_POOL_CFG "llm_datadist::OPTION_BUF_POOL_CFG"
-    const char* C_OPTION_ENABLE_SET_ROLE "llm_datadist::OPTION_ENABLE_SET_ROLE"
-    const char* C_OPTION_LOCAL_COMM_RES "llm_datadist::OPTION_LOCAL_COMM_RES"
-    const char* C_OPTION_TRANSFER_BACKEND "llm_datadist::OPTION_TRANSFER_BACKEND"
-
+    # Only the statuses the core compares against (the compiler checks each name); Python's table,
+    # kvblocks.Status, is generated from the header (tools/gen_tables.py). Option keys: likewise.
     const Status LLM_SUCCESS
-    const Status LLM_FAILED
     const Status LLM_WAIT_PROC_TIMEOUT
-    const Status LLM_KV_CACHE_NOT_EXIST
     const Status LLM_PARAM_INVALID
-    const Status LLM_NOT_YET_LINK
-    const Status LLM_ALREADY_LINK
-    const Status LLM_LINK_FAILED
-    const Status LLM_UNLINK_FAILED
-    const Status LLM_EXIST_LINK
-    const Status LLM_FEATURE_NOT_ENABLED
-    const Status LLM_TIMEOUT
-    const Status LLM_OUT_OF_MEMORY
 
     cdef enum class CLlmRole "llm_datadist::LlmRole"(int32_t):
         kPrompt
@@ -157,9 +141,6 @@ cdef extern from "ext_shim.h" namespace "kvblocks" nogil:
     Status PushBlocksRaw "kvblocks::PushBlocksRaw"(CLlmDataDist& dd, const CCache& src, const CCacheIndex& dst,
                                                    const uint64_t* sb, const uint64_t* db, size_t n,
                                                    const CKvCacheExtParam& ext) noexcept
-    const char* C_OPTION_TRANSPORT "kvblocks::OPTION_TRANSPORT"
-    const char* C_OPTION_AUTH_TOKEN "kvblocks::OPTION_AUTH_TOKEN"
-    const char* C_OPTION_ROLE_CHECK "kvblocks::OPTION_ROLE_CHECK"
 
     cdef cppclass CTransferHandle "kvblocks::TransferHandle":
         CTransferHandle()

@@ -23,9 +23,9 @@ _ACTIVE_LOCK = threading.Lock()
 _ACTIVE: Optional["LLMDataDist"] = None
 
 # CANN Python option -> kvblocks C++ option (options not listed are accepted and ignored).
-_LISTEN_KEYS = ("llm.listenIpInfo", "llm.ListenIpInfo")
-_PASS_THROUGH = ("llm.SyncKvCacheWaitTime", "llm.TransferBackend", "llm.LocalCommRes", _kb.OPTION_TRANSPORT,
-                 _kb.OPTION_AUTH_TOKEN)
+_LISTEN_KEYS = ("llm.listenIpInfo", _kb.OPTION_LISTEN_IP_INFO)
+_PASS_THROUGH = (_kb.OPTION_SYNC_CACHE_WAIT_TIME, _kb.OPTION_TRANSFER_BACKEND, _kb.OPTION_LOCAL_COMM_RES,
+                 _kb.OPTION_TRANSPORT, _kb.OPTION_AUTH_TOKEN)
 
 
 def _listen_value(options: Dict[str, str]) -> Optional[str]:
@@ -115,7 +115,7 @@ class _RankGroup:
 
 
 def _device_id(options: Dict[str, str]) -> str:
-    for k in ("llm.DeviceId", "ge.exec.deviceId", "ge.session_device_id"):
+    for k in (_kb.OPTION_DEVICE_ID, "ge.exec.deviceId", "ge.session_device_id"):
         if k in options:
             return options[k].split(";")[0].strip()
     return "0"
@@ -163,10 +163,10 @@ class LLMDataDist:
                 if not v.isdigit():
                     raise LLMException("ge.flowGraphMemMaxSize must be a single digit string",
                                        status_code=_PARAM_INVALID)
-            cm = options.get("llm.EnableCacheManager") == "1" or "llm.LocalCommRes" in options
-            remote = options.get("llm.EnableRemoteCacheAccessible") == "1" or "llm.LocalCommRes" in options
+            cm = options.get("llm.EnableCacheManager") == "1" or _kb.OPTION_LOCAL_COMM_RES in options
+            remote = options.get("llm.EnableRemoteCacheAccessible") == "1" or _kb.OPTION_LOCAL_COMM_RES in options
             listen = _listen_value(options)
-            if "llm.TransferBackend" in options:
+            if _kb.OPTION_TRANSFER_BACKEND in options:
                 if not cm:
                     raise LLMException("llm.TransferBackend needs cache-manager mode", status_code=_PARAM_INVALID)
                 if not remote:
@@ -188,7 +188,7 @@ class LLMDataDist:
             self._engine = engine
             self._cache_manager_mode = cm
             self._remote_accessible = remote
-            self._has_local_comm_res = bool(options.get("llm.LocalCommRes"))
+            self._has_local_comm_res = bool(options.get(_kb.OPTION_LOCAL_COMM_RES))
             self._rank_linked = False
             self._listen_port = int(listen.split(":")[1]) if listen is not None else None
             self._link_total_s = _link_total_s(options)

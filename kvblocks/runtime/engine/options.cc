@@ -6,34 +6,12 @@
 #include <vector>
 
 #include "common/util.h"
+#include "engine/option_keys.h"  // kKnownOptions, generated from the headers
 #include "kvblocks/ext_types.h"
 
 namespace kvblocks {
 
 namespace {
-// Every key Initialize reads or accepts. A new OPTION_* constant is one line here.
-const char *const kKnownOptions[] = {
-    llm_datadist::OPTION_LISTEN_IP_INFO,
-    llm_datadist::OPTION_DEVICE_ID,
-    llm_datadist::OPTION_SYNC_CACHE_WAIT_TIME,
-    llm_datadist::OPTION_BUF_POOL_CFG,
-    llm_datadist::OPTION_ENABLE_SET_ROLE,
-    llm_datadist::OPTION_LOCAL_COMM_RES,
-    llm_datadist::OPTION_TRANSFER_BACKEND,
-    llm_datadist::OPTION_GLOBAL_RESOURCE_CONFIG,
-    OPTION_TRANSPORT,
-    OPTION_AUTH_TOKEN,
-    OPTION_ROLE_CHECK,
-    OPTION_MAX_LINKS,
-    OPTION_MAX_LINKS_PER_PEER,
-    OPTION_UCX_TRUSTED_NETWORK,
-    OPTION_ENCRYPTION,
-    OPTION_TLS_CERT_FILE,
-    OPTION_TLS_KEY_FILE,
-    OPTION_TLS_CA_FILE,
-    OPTION_INTEGRITY,
-};
-
 std::string Lower(std::string s) {
   for (char &c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
