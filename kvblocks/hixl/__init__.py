@@ -6,9 +6,10 @@ kvblocks.compat`` makes ``import hixl`` resolve to this module. Memory registere
 is served by host memory (there is no accelerator); transfers go over kvblocks' links (in-process
 copies, same-host shared memory / cross-memory attach, or TCP), and every local and remote range is
 checked against the registrations of both sides before a byte moves. No method raises for a failed
-operation: failures are the status codes below. Notifications are at most 1024 bytes of name and
-of message; an engine queues at most 4096 undelivered ones (all senders together); a notification
-sent after transfers to the same remote is delivered after their bytes landed.
+operation: failures are the status codes (generated from hixl_types.h into ``_tables``).
+Notifications are at most 1024 bytes of name and of message; an engine queues at most 4096
+undelivered ones (all senders together); a notification sent after transfers to the same remote is
+delivered after their bytes landed.
 
 kvblocks additions: ``get_all_transfer_status`` is always supported; the environment variable
 ``KVBLOCKS_TRANSPORT`` (``auto``, ``shm``, ``tcp``) picks the data path, as ``kvblocks.Transport`` does
