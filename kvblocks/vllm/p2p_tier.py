@@ -135,11 +135,13 @@ class KvblocksTransport(DataTransport):
             surfaces as failed in ``poll`` by then, and ``cancel`` waits at most until then.
         link_timeout_ms: bound of one link attempt (``add_remote_peer``, relink after a failure).
         cluster_id: this engine's kvblocks cluster id; random by default.
+        options: more kvblocks options for the engine, e.g. ``{"kvblocks.Encryption": "tls"}``.
     """
 
     def __init__(self, view: memoryview, config_fields: Optional[dict] = None, *, host: str = "127.0.0.1",
                  port: int = 0, auth_token: Optional[str] = None, transport: str = "auto",
-                 timeout_ms: int = 1000, link_timeout_ms: int = 1000, cluster_id: Optional[int] = None) -> None:
+                 timeout_ms: int = 1000, link_timeout_ms: int = 1000, cluster_id: Optional[int] = None,
+                 options: Optional[Dict[str, str]] = None) -> None:
         super().__init__(view, config_fields=config_fields)
         token = auth_token or os.environ.get("KVBLOCKS_AUTH_TOKEN")
         if not token:
@@ -156,9 +158,9 @@ class KvblocksTransport(DataTransport):
         self._inflight: Dict[int, Tuple[str, Any]] = {}  # transfer id -> (peer id, kvblocks TransferHandle)
         self._ids = itertools.count(1)
         self._dd: Any = kb.LlmDataDist(self._cluster_id, kb.LlmRole.MIX)
-        self._dd.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_LISTEN_IP_INFO: f"{host}:{int(port)}",
-                             kb.OPTION_AUTH_TOKEN: token, kb.OPTION_TRANSPORT: transport,
-                             kb.OPTION_SYNC_CACHE_WAIT_TIME: str(int(timeout_ms))})
+        self._dd.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_TRANSPORT: transport,
+                             kb.OPTION_SYNC_CACHE_WAIT_TIME: str(int(timeout_ms)), **(options or {}),
+                             kb.OPTION_LISTEN_IP_INFO: f"{host}:{int(port)}", kb.OPTION_AUTH_TOKEN: token})
         try:
             self._cache = self._dd.register_arrays([_as_uint8_blocks(view)])
         except Exception:
@@ -346,6 +348,8 @@ class KvblocksTransport(DataTransport):
                 logger.warning("kvblocks P2P close: unregister failed: %s", e)
             self._dd.finalize()
             self._dd = None
+            self._cache = None
+            self._view = None  # our views of the region go, so its owner can unmap it
 
 
 def _transport_factory(opts: Dict[str, Any]):
@@ -369,7 +373,7 @@ def _tier_manager_class():
 
         Tier options (besides the P2P tier's own ``host``, ``port``, ``unbound_store_timeout_s``):
         ``auth_token``, ``kvblocks_host`` (default: the P2P ``host``), ``kvblocks_port`` (default 0),
-        ``kvblocks_transport``, ``kvblocks_timeout_ms``, ``kvblocks_link_timeout_ms``.
+        ``kvblocks_transport``, ``kvblocks_timeout_ms``, ``kvblocks_link_timeout_ms``, ``kvblocks_options``.
         """
 
         def __init__(self, offloading_spec: Any, primary_kv_view: memoryview,
@@ -379,7 +383,8 @@ def _tier_manager_class():
                     "port": int(kwargs.pop("kvblocks_port", 0)),
                     "transport": kwargs.pop("kvblocks_transport", "auto"),
                     "timeout_ms": int(kwargs.pop("kvblocks_timeout_ms", 1000)),
-                    "link_timeout_ms": int(kwargs.pop("kvblocks_link_timeout_ms", 1000))}
+                    "link_timeout_ms": int(kwargs.pop("kvblocks_link_timeout_ms", 1000)),
+                    "options": {str(k): str(v) for k, v in (kwargs.pop("kvblocks_options", None) or {}).items()}}
             # vLLM constructs NixlTransport by name inside P2PSecondaryTierManager.__init__ and has no option
             # for another transport yet: swap the name for the duration of that call only.
             with _SWAP_LOCK:
