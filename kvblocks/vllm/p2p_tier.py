@@ -13,9 +13,11 @@ selected by module path until vLLM grows an option for the transport::
     "secondary_tiers": [{"type": "KvblocksP2PTierManager", "module_path": "kvblocks.vllm.p2p_tier",
                          "auth_token": "...", "kvblocks_host": "10.0.0.5"}]
 
+Links are kvblocks.integrations.peers' (one per remote engine, made again after a failure).
+
 Trust: the metadata blob and the layout vLLM hands to ``add_remote_peer`` come from an unauthenticated
-control plane. Nothing in them is an address we use: a peer is a (cluster id, listener, cache id), the
-link to it must prove the token, and every push names blocks by index, checked against our own cache
+control plane. Nothing in them is an address we use: a peer is an (engine id, listener, cache id), the
+link to it must prove the token and the cluster id derived from the engine id, and every push names blocks by index, checked against our own cache
 here and against the peer's own cache table by its runtime. ``base_addr`` is ignored.
 """
 from __future__ import annotations
@@ -25,8 +27,8 @@ import itertools
 import json
 import logging
 import os
-import secrets
 import threading
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -34,16 +36,16 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 import kvblocks as kb
+from kvblocks.integrations.peers import Peer, Peers, check_id, cluster_id_of
 from vllm.v1.kv_offload.tiering.p2p.data.base import CancelMode, DataTransport, PollResult
 
 logger = logging.getLogger("kvblocks.vllm.p2p_tier")
 
 __all__ = ["KvblocksTransport", "KvblocksP2PTierManager", "MAX_METADATA_BYTES"]
 
-MAX_METADATA_BYTES = 512  # a real blob is about 100 bytes; anything longer is refused unparsed
-_METADATA_KEYS = frozenset({"kvblocks_p2p", "cluster_id", "host", "port", "cache_id"})
+MAX_METADATA_BYTES = 512  # a real blob is about 130 bytes; anything longer is refused unparsed
+_METADATA_KEYS = frozenset({"kvblocks_p2p", "engine_id", "host", "port", "cache_id"})
 _METADATA_VERSION = 1
-_MAX_CLUSTER_ID = (1 << 56) - 1
 _MAX_REMOTE_BLOCKS = 1 << 40
 _EMPTY = PollResult(done=(), failed=())
 _ONE_TENSOR = kb.KvCacheExtParam(src_layer_range=(-1, -1), dst_layer_range=(-1, -1), tensor_num_per_layer=1)
@@ -54,22 +56,16 @@ class PeerRejected(ValueError):
 
 
 @dataclass
-class _Peer:
-    """A remote transport: where its listener is and which of its caches to push into."""
+class _Target:
+    """What vLLM's peer id names: a kvblocks peer (its link) and the cache of it we push into."""
 
-    cluster_id: int
-    host: str
-    port: int
+    peer: Peer
     cache_id: int
-    num_blocks: int
-    broken: bool = False  # a transfer failed: the link must be dropped and made again before the next push
-
-    def cluster(self, local_ip: str) -> "kb.ClusterInfo":
-        return kb.ClusterInfo(self.cluster_id, 0, [kb.IpInfo(local_ip, 0)], [kb.IpInfo(self.host, self.port)])
+    num_blocks: int  # as the peer announced it; its runtime checks the real count
 
     @property
     def endpoint(self) -> Tuple[int, str, int]:
-        return (self.cluster_id, self.host, self.port)
+        return (self.peer.cluster_id, self.peer.host, self.peer.port)
 
 
 def _int_field(d: Dict[str, Any], key: str, lo: int, hi: int) -> int:
@@ -79,8 +75,8 @@ def _int_field(d: Dict[str, Any], key: str, lo: int, hi: int) -> int:
     return v
 
 
-def parse_metadata(blob: Any) -> Tuple[int, str, int, int]:
-    """(cluster id, listener IP, port, cache id) from a peer's ``get_agent_metadata()``; PeerRejected otherwise.
+def parse_metadata(blob: Any) -> Tuple[str, str, int, int]:
+    """(engine id, listener IP, port, cache id) from a peer's ``get_agent_metadata()``; PeerRejected otherwise.
 
     Strict on purpose: exact keys, exact types, bounded size, an IP literal (no name to resolve).
     """
@@ -98,8 +94,11 @@ def parse_metadata(blob: Any) -> Tuple[int, str, int, int]:
         ipaddress.IPv4Address(host)
     except (ipaddress.AddressValueError, TypeError):
         raise PeerRejected(f"kvblocks P2P metadata: host={host!r} is not an IPv4 address") from None
-    return (_int_field(d, "cluster_id", 1, _MAX_CLUSTER_ID), host, _int_field(d, "port", 1, 65535),
-            _int_field(d, "cache_id", 1, (1 << 62)))
+    try:
+        engine_id = check_id(d["engine_id"])
+    except ValueError as e:
+        raise PeerRejected(f"kvblocks P2P metadata: {e}") from None
+    return engine_id, host, _int_field(d, "port", 1, 65535), _int_field(d, "cache_id", 1, (1 << 62))
 
 
 def _as_uint8_blocks(view: memoryview) -> np.ndarray:
@@ -134,13 +133,13 @@ class KvblocksTransport(DataTransport):
         timeout_ms: each write's deadline (``llm.SyncKvCacheWaitTime``): a write to a frozen or dead peer
             surfaces as failed in ``poll`` by then, and ``cancel`` waits at most until then.
         link_timeout_ms: bound of one link attempt (``add_remote_peer``, relink after a failure).
-        cluster_id: this engine's kvblocks cluster id; random by default.
+        engine_id: this transport's engine id (its kvblocks cluster id is derived from it); random by default.
         options: more kvblocks options for the engine, e.g. ``{"kvblocks.Encryption": "tls"}``.
     """
 
     def __init__(self, view: memoryview, config_fields: Optional[dict] = None, *, host: str = "127.0.0.1",
                  port: int = 0, auth_token: Optional[str] = None, transport: str = "auto",
-                 timeout_ms: int = 1000, link_timeout_ms: int = 1000, cluster_id: Optional[int] = None,
+                 timeout_ms: int = 1000, link_timeout_ms: int = 1000, engine_id: Optional[str] = None,
                  options: Optional[Dict[str, str]] = None) -> None:
         super().__init__(view, config_fields=config_fields)
         token = auth_token or os.environ.get("KVBLOCKS_AUTH_TOKEN")
@@ -152,9 +151,10 @@ class KvblocksTransport(DataTransport):
             raise ValueError("KvblocksTransport: host is advertised to peers; give the node's routable IPv4 address")
         self._host = host
         self._link_timeout_ms = int(link_timeout_ms)
-        self._cluster_id = cluster_id if cluster_id is not None else secrets.randbits(56) or 1
+        self._engine_id = check_id(engine_id or f"vllm-p2p-{uuid.uuid4()}")
+        self._cluster_id = cluster_id_of(self._engine_id)
         self._lock = threading.Lock()  # vLLM drives us from one thread; the lock keeps close() safe anyway
-        self._peers: Dict[str, _Peer] = {}
+        self._targets: Dict[str, _Target] = {}  # vLLM peer id -> target
         self._inflight: Dict[int, Tuple[str, Any]] = {}  # transfer id -> (peer id, kvblocks TransferHandle)
         self._ids = itertools.count(1)
         self._dd: Any = kb.LlmDataDist(self._cluster_id, kb.LlmRole.MIX)
@@ -167,6 +167,7 @@ class KvblocksTransport(DataTransport):
             self._dd.finalize()
             raise
         self._port = int(self._dd.listen_address.rsplit(":", 1)[1])
+        self._links = Peers(self._dd, link_timeout_ms=self._link_timeout_ms)
 
     # ------------------------------------------------------------------ identity
 
@@ -174,9 +175,13 @@ class KvblocksTransport(DataTransport):
     def cluster_id(self) -> int:
         return self._cluster_id
 
+    @property
+    def engine_id(self) -> str:
+        return self._engine_id
+
     def get_agent_metadata(self) -> bytes:
-        """What a peer needs to reach our region: cluster id, listener and cache id (no address, no secret)."""
-        return json.dumps({"kvblocks_p2p": _METADATA_VERSION, "cluster_id": self._cluster_id, "host": self._host,
+        """What a peer needs to reach our region: engine id, listener and cache id (no address, no secret)."""
+        return json.dumps({"kvblocks_p2p": _METADATA_VERSION, "engine_id": self._engine_id, "host": self._host,
                            "port": self._port, "cache_id": self._cache.cache_id}, sort_keys=True).encode()
 
     # ------------------------------------------------------------------ peers
@@ -189,64 +194,49 @@ class KvblocksTransport(DataTransport):
             raise PeerRejected(f"kvblocks P2P peer {peer_id}: block_len {block_len!r} != ours {self._block_len}")
         if type(num_blocks) is not int or not 0 < num_blocks <= _MAX_REMOTE_BLOCKS:
             raise PeerRejected(f"kvblocks P2P peer {peer_id}: num_blocks {num_blocks!r} out of range")
-        cid, host, port, cache_id = parse_metadata(agent_metadata)
-        peer = _Peer(cid, host, port, cache_id, num_blocks)
+        engine_id, host, port, cache_id = parse_metadata(agent_metadata)
         with self._lock:
-            self._check_new_peer(peer_id, peer)
-            self._link(peer_id, peer)
-            self._peers[peer_id] = peer
+            self._check_new_peer(peer_id, engine_id, host, port)
+            try:
+                target = _Target(self._links.get(engine_id, host, port), cache_id, num_blocks)
+                self._links.ensure_linked(target.peer)
+            except (ValueError, ConnectionError) as e:
+                raise PeerRejected(f"kvblocks P2P peer {peer_id}: {e}") from None
+            self._targets[peer_id] = target
 
-    def _check_new_peer(self, peer_id: str, peer: _Peer) -> None:
+    def _check_new_peer(self, peer_id: str, engine_id: str, host: str, port: int) -> None:
         # One link per cluster id: a second peer id claiming a linked endpoint would get another peer's writes.
-        if peer.cluster_id == self._cluster_id or (peer.host, peer.port) == (self._host, self._port):
+        if engine_id == self._engine_id or (host, port) == (self._host, self._port):
             raise PeerRejected(f"kvblocks P2P peer {peer_id}: metadata names this transport itself")
-        old = self._peers.get(peer_id)
-        if old is not None and old.endpoint != peer.endpoint:
+        cid = cluster_id_of(engine_id)
+        old = self._targets.get(peer_id)
+        if old is not None and old.endpoint != (cid, host, port):
             raise PeerRejected(f"kvblocks P2P peer {peer_id}: already registered with another endpoint")
-        for other_id, other in self._peers.items():
-            if other_id != peer_id and (other.cluster_id == peer.cluster_id or
-                                        (other.host, other.port) == (peer.host, peer.port)):
+        for other_id, other in self._targets.items():
+            if other_id != peer_id and (other.peer.cluster_id == cid or
+                                        (other.peer.host, other.peer.port) == (host, port)):
                 raise PeerRejected(f"kvblocks P2P peer {peer_id}: cluster or listener already held by {other_id}")
-
-    def _link(self, peer_id: str, peer: _Peer) -> None:
-        rets = self._dd.link_llm_clusters([peer.cluster(self._host)], timeout_in_millis=self._link_timeout_ms)
-        if rets[0] not in (kb.Status.LLM_SUCCESS, kb.Status.LLM_ALREADY_LINK):
-            why = self._dd.link_failure(peer.cluster_id)
-            raise PeerRejected(f"kvblocks P2P peer {peer_id}: link to {peer.host}:{peer.port} failed: "
-                               f"{why.reason if why else kb.Status(rets[0]).name}")
-        peer.broken = False
-
-    def _relink(self, peer_id: str, peer: _Peer) -> bool:
-        """Drop a broken link locally and link again; False when the peer still cannot be reached."""
-        try:
-            self._dd.unlink_llm_clusters([peer.cluster(self._host)], force=True)
-        except kb.LLMException:
-            pass
-        try:
-            self._link(peer_id, peer)
-        except PeerRejected as e:
-            logger.warning("%s", e)
-            return False
-        return True
 
     def remove_remote_peer(self, peer_id: str) -> None:
         """Waits out the peer's writes in flight (no byte lands after), then unlinks."""
         with self._lock:
             ids = [tid for tid, (pid, _) in self._inflight.items() if pid == peer_id]
             self._cancel_now(ids)
-            peer = self._peers.pop(peer_id, None)
-            if peer is not None:
-                self._unlink(peer)
+            target = self._targets.pop(peer_id, None)
+            if target is not None:
+                self._unlink(target.peer)
 
-    def _unlink(self, peer: _Peer) -> None:
+    def _unlink(self, p: Peer) -> None:
+        """Tells the peer (it drops its side), or drops ours alone when it does not answer."""
         try:
-            self._dd.unlink_llm_clusters([peer.cluster(self._host)], timeout_in_millis=self._link_timeout_ms,
-                                         force=peer.broken)
+            self._dd.unlink_llm_clusters([p.cluster_info()], timeout_in_millis=self._link_timeout_ms,
+                                         force=p.broken)
         except kb.LLMException:
             try:
-                self._dd.unlink_llm_clusters([peer.cluster(self._host)], force=True)
+                self._dd.unlink_llm_clusters([p.cluster_info()], force=True)
             except kb.LLMException:
                 pass
+        p.linked = False
 
     # ------------------------------------------------------------------ transfers
 
@@ -257,21 +247,26 @@ class KvblocksTransport(DataTransport):
         peer announced; its runtime checks its real one). Does not wait for the data.
         """
         with self._lock:
-            peer = self._peers.get(peer_id)
-            if peer is None or self._dd is None:
+            target = self._targets.get(peer_id)
+            if target is None or self._dd is None:
                 return None
             src = _check_idxs(local_idxs, self._num_blocks)
-            dst = _check_idxs(remote_idxs, peer.num_blocks)
+            dst = _check_idxs(remote_idxs, target.num_blocks)
             if src is None or dst is None or len(src) != len(dst) or not src:
                 logger.warning("kvblocks P2P write to %s refused: bad block indices", peer_id)
                 return None
-            if peer.broken and not self._relink(peer_id, peer):
+            p = target.peer
+            try:
+                self._links.ensure_linked(p)  # at once when up; a link again after a failure (bounded)
+            except ConnectionError as e:
+                logger.warning("kvblocks P2P write to %s refused: %s", peer_id, e)
                 return None
             try:
-                h = self._dd.push_kv_blocks_async(self._cache, kb.CacheIndex(peer.cluster_id, peer.cache_id), src, dst,
+                h = self._dd.push_kv_blocks_async(self._cache, kb.CacheIndex(p.cluster_id, target.cache_id), src, dst,
                                                  _ONE_TENSOR)
             except kb.LLMException as e:
-                peer.broken = peer.broken or isinstance(e, (kb.LinkError, kb.LLMTimeoutError))
+                if isinstance(e, (kb.LinkError, kb.LLMTimeoutError)):
+                    self._links.mark_broken(p)
                 logger.warning("kvblocks P2P write to %s failed at submission: %s", peer_id, e)
                 return None
             tid = next(self._ids)
@@ -294,9 +289,9 @@ class KvblocksTransport(DataTransport):
         """True when a finished handle succeeded; a failure marks the peer's link for a relink."""
         if h.status == kb.Status.LLM_SUCCESS:
             return True
-        peer = self._peers.get(peer_id)
-        if peer is not None:
-            peer.broken = True
+        target = self._targets.get(peer_id)
+        if target is not None:
+            self._links.mark_broken(target.peer)
         return False
 
     def cancel(self, transfer_ids: Iterable[int], mode: CancelMode = "immediate") -> List[int]:
@@ -339,9 +334,11 @@ class KvblocksTransport(DataTransport):
             if self._dd is None:
                 return
             self._cancel_now(list(self._inflight))
-            for peer in self._peers.values():
-                self._unlink(peer)
-            self._peers.clear()
+            for target in self._targets.values():
+                if target.peer.linked:
+                    self._unlink(target.peer)
+            self._targets.clear()
+            self._links.close()
             try:
                 self._dd.unregister_kv_cache(self._cache)
             except kb.LLMException as e:

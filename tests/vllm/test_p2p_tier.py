@@ -252,7 +252,7 @@ def test_write_and_poll_deliver_the_right_bytes_both_ways(local, peer, transport
     assert b.call("write_and_poll", peer_id=a_id, local=[5, 7], remote=[14, 15])["result"] == "done"
     expect_blocks(src, b.region, {5: 14, 7: 15})
     assert np.array_equal(src[:14], before[:14])
-    path = a._dd.link_path(a._peers["peer"].cluster_id)
+    path = a._dd.link_path(a._targets["peer"].peer.cluster_id)
     assert path == "tcp" if transport == "tcp" else path != "tcp", path
 
 
@@ -330,7 +330,7 @@ def test_killed_peer_fails_fast_and_later_writes_are_refused(local, peer):
 
 
 def _blob(**kw):
-    d = {"kvblocks_p2p": 1, "cluster_id": 77, "host": "127.0.0.1", "port": 9, "cache_id": 1}
+    d = {"kvblocks_p2p": 1, "engine_id": "e77", "host": "127.0.0.1", "port": 9, "cache_id": 1}
     d.update(kw)
     return json.dumps({k: v for k, v in d.items() if v is not ...}).encode()
 
@@ -341,10 +341,12 @@ HOSTILE_BLOBS = {
     "oversized": _blob(host="127.0.0.1" + " " * 600),
     "extra address key": _blob(base_addr=140000000000000),
     "missing key": _blob(cache_id=...),
-    "bool cluster id": _blob(cluster_id=True),
+    "engine id not a string": _blob(engine_id=77),
+    "empty engine id": _blob(engine_id=""),
+    "engine id too long": _blob(engine_id="e" * 300),
     "float port": _blob(port=9.0),
     "negative cache id": _blob(cache_id=-1),
-    "huge cluster id": _blob(cluster_id=1 << 70),
+    "huge port": _blob(port=1 << 70),
     "host name": _blob(host="localhost"),
     "ipv4 with junk": _blob(host="127.0.0.1; rm"),
     "other version": _blob(kvblocks_p2p=2),
@@ -449,7 +451,7 @@ def test_vllm_builds_the_tier_from_its_module_path():
         assert t._data._cache.tensor_addrs == [t._data.base_addr], "the kvblocks cache is not the primary region"
         del view
         meta = json.loads(t._data.get_agent_metadata())
-        assert set(meta) == {"kvblocks_p2p", "cluster_id", "host", "port", "cache_id"} and meta["host"] == "127.0.0.1"
+        assert set(meta) == {"kvblocks_p2p", "engine_id", "host", "port", "cache_id"} and meta["host"] == "127.0.0.1"
     finally:
         mgr.shutdown()
     assert t._data._dd is None, "shutdown did not close the transport"
