@@ -42,9 +42,12 @@ if [ "$rc" = 0 ] && python - "$report" <<'PY'
 import sys, xml.etree.ElementTree as ET
 s = ET.parse(sys.argv[1]).getroot()
 s = s if s.tag == "testsuite" else s.find("testsuite")
-tests, skipped = int(s.get("tests", 0)), int(s.get("skipped", 0))
-# the kvblocks end-to-end tests must run; only the NixlConnector comparison may be skipped
-sys.exit(0 if tests - skipped >= tests - 1 and tests > 1 else 1)
+tests = int(s.get("tests", 0))
+# the kvblocks end-to-end tests must run; only the NixlConnector comparison may be skipped, and the P2P
+# tier's engine-level test where vLLM has no GPU platform for offloading workers
+skips = [e.get("message", "") for e in s.iter("skipped")]
+other = [m for m in skips if "needs a GPU platform" not in m]
+sys.exit(0 if len(other) <= 1 and tests - len(skips) > 1 else 1)
 PY
 then :; elif [ "$rc" = 0 ]; then
   echo "ci/vllm: the vLLM tests were skipped (is vllm importable in $VENV?)" >&2
