@@ -71,7 +71,9 @@ try:
         DataType,
         IpInfo,
         KvCacheExtParam,
+        BlockLayout,
         LayerPush,
+        PreparedTransfer,
         LINK_FAILURE_REASONS,
         LinkFailure,
         LlmDataDist,
@@ -131,4 +133,5 @@ __all__ = [
     "OPTION_SYNC_CACHE_WAIT_TIME", "OPTION_TRANSFER_BACKEND", "OPTION_TRANSPORT", "OPTION_UCX_TRUSTED_NETWORK",
     "get_include", "route_logs_to_python",
     "get_library_dir", "validate_blocks", "TransferHandle", "wait_all", "LayerPush", "metrics", "serve_metrics",
+    "BlockLayout", "PreparedTransfer",
 ]

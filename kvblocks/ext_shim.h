@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kvblocks/layout.h"
 #include "kvblocks/ext_types.h"  // the same data types as the runtime build: only behaviour differs
 #include "llm_datadist/llm_datadist.h"
 
@@ -127,6 +128,19 @@ struct ImplAccess {
                                                   LayerPush &) noexcept {
     return llm_datadist::LLM_FEATURE_NOT_ENABLED;
   }
+  // Layout transforms and prepared transfers are a kvblocks runtime feature.
+  static llm_datadist::Status PrepareBlocksTransfer(llm_datadist::LlmDataDist &, const BlocksRequest &,
+                                                    const LayoutTransform *, PreparedTransfer &) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static llm_datadist::Status ExecutePrepared(llm_datadist::LlmDataDist &, const PreparedTransfer &) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static llm_datadist::Status ExecutePreparedAsync(llm_datadist::LlmDataDist &, const PreparedTransfer &,
+                                                   TransferHandle &) noexcept {
+    return llm_datadist::LLM_FEATURE_NOT_ENABLED;
+  }
+  static PreparedInfo DescribePrepared(const PreparedTransfer &) noexcept { return PreparedInfo(); }
 };
 }  // namespace kvblocks
 #endif
