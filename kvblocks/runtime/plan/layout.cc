@@ -96,6 +96,9 @@ void AddLayoutBlocks(const LayoutTransform &x, const std::vector<uint64_t> &src,
                      Plan *plan) {
   const Side S(x.src), D(x.dst);
   const uint64_t n = Heads(x), a = x.src_head_begin, c = x.dst_head_begin, cb = S.chunk;
+  // At most one range per (token, head) of the destination, fewer where ranges merge.
+  const uint64_t per_block = D.hnd ? n * D.tokens : D.tokens * (S.hnd ? n : 1);
+  plan->segs.reserve(plan->segs.size() + dst.size() * per_block);
   for (size_t j = 0; j < dst.size(); ++j) {
     const uint64_t first = j * D.tokens;  // the block's first token in the stream
     if (!D.hnd) {
