@@ -2,7 +2,10 @@
 """Layout transforms (README "Layout transforms"): random shapes, NHD/HND, head ranges, block-size
 ratios and block lists, pulled and pushed on every path (inprocess, shm, cma, tcp; ucx where the
 ucx extra is installed), byte for byte against a numpy model of the transform written from the
-README's rules, not from plan/layout.cc. Rejected calls must leave both sides unchanged."""
+README's rules, not from plan/layout.cc. Rejected calls must leave both sides unchanged.
+
+The ucx rows skip without the ucx extra; with it (e.g. the UCX venv, KVBLOCKS_UCX_PLUGIN naming its
+libkvblocks_ucx.so) they run over UCX_TLS=tcp unless UCX_TLS is set."""
 import os
 import sys
 
