@@ -57,7 +57,9 @@ try:
         DataType,
         IpInfo,
         KvCacheExtParam,
+        BlockLayout,
         LayerPush,
+        PreparedTransfer,
         LINK_FAILURE_REASONS,
         LinkFailure,
         LlmDataDist,
@@ -112,5 +114,6 @@ __all__ = [
     "LLMTimeoutError", "LINK_FAILURE_REASONS", "LinkError", "LinkFailure", "LlmDataDist", "LlmRole", "ParamInvalidError",
     "get_include", "route_logs_to_python",
     "get_library_dir", "validate_blocks", "TransferHandle", "wait_all", "LayerPush", "metrics", "serve_metrics",
+    "BlockLayout", "PreparedTransfer",
 ]
 __all__ += _tables.__all__  # Status and the OPTION_* keys

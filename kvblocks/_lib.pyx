@@ -505,6 +505,37 @@ cdef class LlmDataDist:
         """
         return _push_async(self, src_cache, dst_index, src_blocks, dst_blocks, ext_param)
 
+    def prepare_transfer(self, CacheIndex remote not None, local_cache, src_blocks, dst_blocks, *, bint pull=True,
+                         KvCacheExtParam ext_param=None, src_layout=None, dst_layout=None, src_heads=None,
+                         dst_heads=None):
+        """Checks and plans a pull (``remote`` -> ``local_cache``) or push (``local_cache`` -> ``remote``)
+        once; returns a :class:`PreparedTransfer` to execute any number of times (a kvblocks extension).
+
+        With ``src_layout`` and ``dst_layout`` (:class:`BlockLayout`) the transfer transforms: heads
+        ``src_heads`` ``[a, b)`` of each source token land in ``dst_heads`` ``[c, c + b - a)``, the block
+        lists (each in its side's own blocks) tile one token stream, NHD/HND are converted. Every
+        check runs here, before any byte moves (README "Layout transforms").
+
+        Raises
+        ------
+        TypeError, ValueError, ParamInvalidError, CacheNotExistError, LinkError
+            As :meth:`pull_kv_blocks` / :meth:`push_kv_blocks`, and for a transform that breaks a rule.
+        """
+        return _prepare(self, pull, remote, local_cache, src_blocks, dst_blocks, ext_param, src_layout, dst_layout,
+                        src_heads, dst_heads)
+
+    def pull_kv_blocks_layout(self, CacheIndex src_index not None, dst_cache, src_blocks, dst_blocks, src_layout,
+                              dst_layout, src_heads=None, dst_heads=None, KvCacheExtParam ext_param=None):
+        """:meth:`pull_kv_blocks` between described layouts (see :meth:`prepare_transfer`)."""
+        _prepare(self, True, src_index, dst_cache, src_blocks, dst_blocks, ext_param, src_layout, dst_layout,
+                 src_heads, dst_heads).execute()
+
+    def push_kv_blocks_layout(self, src_cache, CacheIndex dst_index not None, src_blocks, dst_blocks, src_layout,
+                              dst_layout, src_heads=None, dst_heads=None, KvCacheExtParam ext_param=None):
+        """:meth:`push_kv_blocks` between described layouts (see :meth:`prepare_transfer`)."""
+        _prepare(self, False, dst_index, src_cache, src_blocks, dst_blocks, ext_param, src_layout, dst_layout,
+                 src_heads, dst_heads).execute()
+
     def pull_kv_blocks_batch(self, requests):
         """Submits many pulls at once (possibly from different peers); returns one
         :class:`TransferHandle` per request, in order.
@@ -805,6 +836,7 @@ cdef Status push_blocks_nogil(CLlmDataDist* dd, int64_t src_cache_id, uint32_t s
 include "_async.pxi"
 include "_hixl.pxi"
 include "_layerwise.pxi"
+include "_layout.pxi"
 
 
 def process_metrics():

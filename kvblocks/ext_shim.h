@@ -142,6 +142,19 @@ inline llm_datadist::Status ImplAccess::OpenLayerPushPieces(llm_datadist::LlmDat
                                                             LayerPush &) noexcept {
   return cann::kNo;
 }
+inline llm_datadist::Status ImplAccess::PrepareBlocksTransfer(llm_datadist::LlmDataDist &, const BlocksRequest &,
+                                                              const LayoutTransform *, PreparedTransfer &) noexcept {
+  return cann::kNo;
+}
+inline llm_datadist::Status ImplAccess::ExecutePrepared(llm_datadist::LlmDataDist &,
+                                                        const PreparedTransfer &) noexcept {
+  return cann::kNo;
+}
+inline llm_datadist::Status ImplAccess::ExecutePreparedAsync(llm_datadist::LlmDataDist &, const PreparedTransfer &,
+                                                             TransferHandle &) noexcept {
+  return cann::kNo;
+}
+inline PreparedInfo ImplAccess::DescribePrepared(const PreparedTransfer &) noexcept { return PreparedInfo(); }
 }  // namespace kvblocks
 #endif
 

@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 from . import baselines as bl
-from . import cases_async, cases_hixl, cases_integrity, cases_layerwise, cases_limits, cases_tls
+from . import cases_async, cases_hixl, cases_integrity, cases_layerwise, cases_layout, cases_limits, cases_tls
 from .common import (KiB, MiB, SCALE_BLOCK_BYTES, SCALE_BLOCKS, SCALE_BLOCKS_64B,
                      SCALE_FIXED_BYTES, SCALE_LAYERS, SIZES, TRANSFER_PATHS, VALIDATION_NS, Case, human_bytes,
                      transfer_key)
@@ -298,6 +298,7 @@ def all_cases():
     L, _, bb, B = SIZES["large"]
     cases += cases_limits.limits_cases(2 * L * B * bb)
     cases += cases_layerwise.layerwise_cases()
+    cases += cases_layout.layout_cases()
     scaling = _scaling_cases()
     cases += _scaling_baselines(scaling, {c.id for c in cases}) + scaling
     cases.append(_import_case("json"))

@@ -21,6 +21,8 @@ Groups (--case takes a group name or a glob over case ids, repeatable):
   hixl        Hixl.transfer_sync vs the native pull_kv_blocks of the same bytes (16x4KiB and
               32 MiB; in-process, same host (cma) and TCP)
   layerwise   80-layer layer-wise push over TCP behind a simulated compute, vs serial and compute alone
+  layout      layout transforms (head slice, block ratio 2, NHD->HND) vs untransformed pulls of the same
+              bytes on shm, cma, tcp at 64/256 MiB; prepared plans of 655,360 pairs; plan build times
   scaling     time vs bytes per call, vs blocks per call at fixed bytes, vs layers
   import      import kvblocks in a fresh interpreter
 

@@ -13,6 +13,7 @@
 #include "kvblocks/error.h"
 #include "kvblocks/ext_types.h"
 #include "kvblocks/layerwise.h"
+#include "kvblocks/layout.h"
 #include "kvblocks/log.h"
 #include "kvblocks/metrics.h"
 #include "llm_datadist/llm_datadist.h"
@@ -128,6 +129,18 @@ struct KVBLOCKS_API ImplAccess {
                                                   uint64_t dst_cluster_id, uint32_t num_layers,
                                                   const std::vector<LayerPiece> &pieces, bool per_layer_deadline,
                                                   LayerPush &out) noexcept;
+
+  // Prepared transfers and layout transforms (include/kvblocks/layout.h). Every check of
+  // PullKvBlocks / PushKvBlocks (request.pull) runs here, with its statuses; `layout` (may be null)
+  // replaces equal block sizes and list lengths by its own rules. On LLM_SUCCESS `out` holds the plan.
+  static llm_datadist::Status PrepareBlocksTransfer(llm_datadist::LlmDataDist &dd, const BlocksRequest &request,
+                                                    const LayoutTransform *layout, PreparedTransfer &out) noexcept;
+  // Runs a prepared transfer as the synchronous call would (deadline llm.SyncKvCacheWaitTime from
+  // now), after checking that the caches and link it names are still there and still fit.
+  static llm_datadist::Status ExecutePrepared(llm_datadist::LlmDataDist &dd, const PreparedTransfer &p) noexcept;
+  static llm_datadist::Status ExecutePreparedAsync(llm_datadist::LlmDataDist &dd, const PreparedTransfer &p,
+                                                   TransferHandle &out) noexcept;
+  static PreparedInfo DescribePrepared(const PreparedTransfer &p) noexcept;
 };
 
 }  // namespace kvblocks

@@ -260,4 +260,27 @@ std::string ImplAccess::ListenAddress(llm_datadist::LlmDataDist &dd) noexcept {
   }
 }
 
+Status ImplAccess::PrepareBlocksTransfer(llm_datadist::LlmDataDist &dd, const BlocksRequest &request,
+                                         const LayoutTransform *layout, PreparedTransfer &out) noexcept {
+  return llm_datadist::Guard([&] { return dd.impl_->PrepareTransfer(request, layout, &out); });
+}
+
+Status ImplAccess::ExecutePrepared(llm_datadist::LlmDataDist &dd, const PreparedTransfer &p) noexcept {
+  return llm_datadist::Guard([&] {
+    return p.Valid() ? dd.impl_->ExecutePrepared(*p.state()) : Fail(LLM_PARAM_INVALID, "the prepared transfer is empty");
+  });
+}
+
+Status ImplAccess::ExecutePreparedAsync(llm_datadist::LlmDataDist &dd, const PreparedTransfer &p,
+                                        TransferHandle &out) noexcept {
+  return llm_datadist::Guard([&] {
+    return p.Valid() ? dd.impl_->ExecutePreparedAsync(*p.state(), &out)
+                     : Fail(LLM_PARAM_INVALID, "the prepared transfer is empty");
+  });
+}
+
+PreparedInfo ImplAccess::DescribePrepared(const PreparedTransfer &p) noexcept {
+  return p.Valid() ? kvblocks::DescribePrepared(*p.state()) : PreparedInfo();
+}
+
 }  // namespace kvblocks

@@ -21,6 +21,7 @@
 #include "cache/cache.h"
 #include "common/limits.h"
 #include "kvblocks/ext.h"
+#include "kvblocks/layout.h"
 #include "kvblocks/rules.h"
 #include "link/registry.h"
 #include "metrics/stats.h"
@@ -38,6 +39,7 @@ struct Worker {
 };
 
 struct Transfer;
+PreparedInfo DescribePrepared(const PreparedState &p);  // engine/prepared.cc
 struct TransferState;
 class AsyncPool;
 class LayerPool;
@@ -101,6 +103,10 @@ class Impl {
   // async.cc: asynchronous blocks transfers; every request is checked (as the synchronous call)
   // before any is submitted. `failed` is the index of the request that failed.
   Status SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *out, size_t *failed);
+  // engine/prepared.cc: a transfer checked and planned once, executed many times
+  Status PrepareTransfer(const BlocksRequest &r, const LayoutTransform *xf, PreparedTransfer *out);
+  Status ExecutePrepared(PreparedState &p);
+  Status ExecutePreparedAsync(PreparedState &p, TransferHandle *out);
   // notify.cc: user notifications on a link's control connection (hixl's send_notify/get_notifies).
   // A notification follows every transfer on that link that returned (or completed) before it.
   Status SendNotify(uint64_t cluster_id, const std::string &name, const std::string &message, int32_t timeout_ms);
@@ -181,12 +187,13 @@ class Impl {
                      const KvCacheExtParam &ext);
   Status PullRowToBlocksOn(Transfer &t, const CacheIndex &src, const Cache &dst,
                            const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext);
+  // `xf`: a layout transform (plan/layout.h) instead of equal block sizes and list lengths.
   Status PreparePullBlocks(Transfer &t, const CacheIndex &src, const Cache &dst,
                            const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
-                           const KvCacheExtParam &ext);
+                           const KvCacheExtParam &ext, const LayoutTransform *xf = nullptr);
   Status PreparePushBlocks(Transfer &t, const Cache &src, const CacheIndex &dst,
                            const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
-                           const KvCacheExtParam &ext);
+                           const KvCacheExtParam &ext, const LayoutTransform *xf = nullptr);
   // transfer.cc, for async.cc: a prepared transfer handed to a worker thread
   TransferPtr NewTransfer();
   Status PrepareBlocks(Transfer *t, const BlocksRequest &r);

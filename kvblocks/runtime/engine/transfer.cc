@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "engine/transfer.h"
 #include "engine/layer_push.h"
+#include "plan/layout.h"
 #include "plan/plan.h"
 
 namespace kvblocks {
@@ -28,9 +29,11 @@ Status CheckBlocks(const char *name, const std::vector<uint64_t> &blocks, uint64
               static_cast<unsigned long long>(limit));
 }
 
-Status CheckLists(const std::vector<uint64_t> &src, const std::vector<uint64_t> &dst) {
+// With a layout transform the lists tile instead (plan/layout.h checks it).
+Status CheckLists(const std::vector<uint64_t> &src, const std::vector<uint64_t> &dst, bool layout = false) {
   if (src.empty()) return Fail(LLM_PARAM_INVALID, "src_blocks is empty");
-  if (src.size() != dst.size())
+  if (layout && dst.empty()) return Fail(LLM_PARAM_INVALID, "dst_blocks is empty");
+  if (!layout && src.size() != dst.size())
     return Fail(LLM_PARAM_INVALID, "src_blocks has %zu entries, dst_blocks %zu", src.size(), dst.size());
   return LLM_SUCCESS;
 }
@@ -91,6 +94,24 @@ Status CheckStrides(uint64_t local, const RemoteCache &rc) {
   return Fail(LLM_PARAM_INVALID, "block size %llu bytes of remote cache %lld differs from the local %llu",
               static_cast<unsigned long long>(rc.stride), static_cast<long long>(rc.id),
               static_cast<unsigned long long>(local));
+}
+
+// The plan of a blocks transfer: equal block sizes, pairs moved whole; or a layout transform.
+Status PlanBlocks(Plan *plan, const TensorSpan &span, uint64_t local_stride, const RemoteCache &rc, bool pull,
+                  const std::vector<uint64_t> &src, const std::vector<uint64_t> &dst, const LayoutTransform *xf) {
+  if (xf == nullptr) {
+    const Status st = CheckStrides(local_stride, rc);
+    if (st != LLM_SUCCESS) return st;
+    plan->PairTensors(span.src_begin, span.dst_begin, span.count);
+    plan->AddBlocks(src, dst, local_stride);
+    return LLM_SUCCESS;
+  }
+  const std::string why = CheckLayout(*xf, pull ? rc.stride : local_stride, pull ? local_stride : rc.stride,
+                                      src.size(), dst.size());
+  if (!why.empty()) return Fail(LLM_PARAM_INVALID, "%s", why.c_str());
+  plan->PairTensors(span.src_begin, span.dst_begin, span.count);
+  AddLayoutBlocks(*xf, src, dst, plan);
+  return LLM_SUCCESS;
 }
 
 }  // namespace
@@ -180,11 +201,12 @@ Status Impl::PullBlocks(const CacheIndex &src, const Cache &dst, const std::vect
 
 Status Impl::PreparePullBlocks(Transfer &t, const CacheIndex &src, const Cache &dst,
                                const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
-                               const KvCacheExtParam &ext) {
+                               const KvCacheExtParam &ext, const LayoutTransform *xf) {
   Status st;
   if ((st = Begin(&t, true)) != LLM_SUCCESS) return st;
   if (src.batch_index != 0) return Fail(LLM_PARAM_INVALID, "src_index.batch_index must be 0 for blocks");
-  if ((st = CheckPullRanges(ext)) != LLM_SUCCESS || (st = CheckLists(src_blocks, dst_blocks)) != LLM_SUCCESS) return st;
+  if ((st = CheckPullRanges(ext)) != LLM_SUCCESS || (st = CheckLists(src_blocks, dst_blocks, xf != nullptr)) != LLM_SUCCESS)
+    return st;
   if (src.cluster_id == cluster_id_) return Fail(LLM_PARAM_INVALID, "src_index.cluster_id is this engine's own");
   bool explicit_range;
   TensorSpan span;
@@ -194,10 +216,7 @@ Status Impl::PreparePullBlocks(Transfer &t, const CacheIndex &src, const Cache &
   if (rc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "remote cache %lld holds batches, not blocks", (long long)rc.id);
   if ((st = CheckRemoteSpan(span, explicit_range, rc, lc.num_tensors)) != LLM_SUCCESS) return st;
   if ((st = CheckBlocks("src_blocks", src_blocks, rc.num_blocks, "remote", rc.id)) != LLM_SUCCESS) return st;
-  if ((st = CheckStrides(lc.stride, rc)) != LLM_SUCCESS) return st;
-  t.plan.PairTensors(span.src_begin, span.dst_begin, span.count);
-  t.plan.AddBlocks(src_blocks, dst_blocks, lc.stride);
-  return LLM_SUCCESS;
+  return PlanBlocks(&t.plan, span, lc.stride, rc, true, src_blocks, dst_blocks, xf);
 }
 
 Status Impl::PushBlocks(const Cache &src, const CacheIndex &dst, const std::vector<uint64_t> &src_blocks,
@@ -210,11 +229,11 @@ Status Impl::PushBlocks(const Cache &src, const CacheIndex &dst, const std::vect
 
 Status Impl::PreparePushBlocks(Transfer &t, const Cache &src, const CacheIndex &dst,
                                const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
-                               const KvCacheExtParam &ext) {
+                               const KvCacheExtParam &ext, const LayoutTransform *xf) {
   Status st;
   if ((st = Begin(&t, false)) != LLM_SUCCESS) return st;
   if ((st = CheckPushSource(src)) != LLM_SUCCESS) return st;
-  if ((st = CheckLists(src_blocks, dst_blocks)) != LLM_SUCCESS) return st;
+  if ((st = CheckLists(src_blocks, dst_blocks, xf != nullptr)) != LLM_SUCCESS) return st;
   if (dst.batch_index != 0) return Fail(LLM_PARAM_INVALID, "dst_index.batch_index must be 0 for blocks");
   if ((st = CheckPushRanges(ext, src.cache_desc.num_tensors)) != LLM_SUCCESS) return st;
   if ((st = FindLocal(&t, src.cache_id)) != LLM_SUCCESS) return st;
@@ -227,10 +246,7 @@ Status Impl::PreparePushBlocks(Transfer &t, const Cache &src, const CacheIndex &
   if ((st = CheckBlocks("dst_blocks", dst_blocks, rc.num_blocks, "remote", rc.id)) != LLM_SUCCESS) return st;
   if (lc.kind == CacheKind::kCache) return Fail(LLM_PARAM_INVALID, "local cache %lld holds batches, not blocks", (long long)lc.id);
   if ((st = CheckBlocks("src_blocks", src_blocks, lc.num_blocks, "local", lc.id)) != LLM_SUCCESS) return st;
-  if ((st = CheckStrides(lc.stride, rc)) != LLM_SUCCESS) return st;
-  t.plan.PairTensors(span.src_begin, span.dst_begin, span.count);
-  t.plan.AddBlocks(src_blocks, dst_blocks, lc.stride);
-  return LLM_SUCCESS;
+  return PlanBlocks(&t.plan, span, lc.stride, rc, false, src_blocks, dst_blocks, xf);
 }
 
 // ------------------------------------------------------------------ batches
