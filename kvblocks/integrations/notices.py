@@ -37,7 +37,7 @@ def new_ticket() -> str:
 def encode(kind: str, rid: str, ticket: str, seconds: float = 0.0) -> str:
     if kind not in KINDS:
         raise ValueError(f"notice kind must be one of {KINDS}, got {kind!r}")
-    msg = {"k": kind, "r": rid, "t": ticket}
+    msg: Dict[str, object] = {"k": kind, "r": rid, "t": ticket}
     if kind == "lease":
         msg["s"] = float(seconds)
     out = json.dumps(msg, separators=(",", ":"))
