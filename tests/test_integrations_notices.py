@@ -199,3 +199,30 @@ def test_a_peer_without_the_token_cannot_notify(w):
             kb.Status.LLM_NOT_YET_LINK
     finally:
         x.close(kill=True)
+
+
+def test_reservations_are_taken_only_from_the_named_engine_and_bounded(w):
+    """Layer-wise push: the pusher uses the reservation of the engine its params name, never another's;
+    malformed reservations are dropped; the table is bounded."""
+    res = notices.Reservations(max_entries=8, ttl_s=60)
+    w.inbox.reservations = res
+    t = notices.new_ticket()
+    x = w.third()
+    x.call(op="raw", name=notices.NAME, message=notices.encode_reserve("xfer-1", notices.new_ticket(), [9, 9], 0))
+    notices.send_reserve(w.d, H, "xfer-1", t, [4, 5, 6], 1)
+    bad = ['{"k":"reserve","r":"x","t":"%s","b":[],"o":0}' % t, '{"k":"reserve","r":"x","t":"%s","b":[-1],"o":0}' % t,
+           '{"k":"reserve","r":"x","t":"%s","b":[1.5],"o":0}' % t, '{"k":"reserve","r":"x","t":"%s","b":[1],"o":true}' % t,
+           '{"k":"reserve","k":"done","r":"x","t":"%s","s":0%s}' % (t, " " * 600)]
+    for msg in bad:
+        x.call(op="raw", name=notices.NAME, message=msg)
+    w.poll_until(lambda g: len(res) == 2, timeout=2)
+    assert sum(w.inbox.dropped.values()) == len(bad)
+    got = res.take("xfer-1", D)
+    assert (got.blocks, got.offset, got.ticket) == ((4, 5, 6), 1, t)
+    assert res.take("xfer-1", D) is None  # taken once
+    assert res.take("xfer-1", X).blocks == (9, 9)  # X's is its own, never D's
+    with pytest.raises(ValueError):
+        notices.encode_reserve("x", t, list(range(1000)), 0)
+    for i in range(20):
+        res.add(notices.Notice(X, "reserve", f"f{i}", t, 0.0, (1,), 0))
+    assert len(res) == 8

@@ -26,6 +26,9 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 NAME = "kvblocks/notice"
 KINDS = ("done", "abort", "lease")
 MAX_MESSAGE = 512  # bytes; a notice is about 120
+RESERVE = "reserve"  # a receiver's blocks for a layer-wise push (see Reservations)
+MAX_RESERVE_MESSAGE = 1024  # the runtime's limit: about 140 block ids
+MAX_BLOCK_ID = 1 << 31
 MAX_ID = 256  # request ids (vLLM's are ~50 characters)
 TICKET_HEX = 32
 
@@ -37,12 +40,20 @@ def new_ticket() -> str:
 def encode(kind: str, rid: str, ticket: str, seconds: float = 0.0) -> str:
     if kind not in KINDS:
         raise ValueError(f"notice kind must be one of {KINDS}, got {kind!r}")
-    msg: Dict[str, object] = {"k": kind, "r": rid, "t": ticket}
-    if kind == "lease":
-        msg["s"] = float(seconds)
+    return _dump({"k": kind, "r": rid, "t": ticket, **({"s": float(seconds)} if kind == "lease" else {})},
+                 MAX_MESSAGE)
+
+
+def encode_reserve(xfer: str, ticket: str, blocks: List[int], offset: int) -> str:
+    """A receiver's reservation: push the sender's blocks ``offset..`` of transfer ``xfer`` into ``blocks``."""
+    return _dump({"k": RESERVE, "r": xfer, "t": ticket, "b": [int(b) for b in blocks], "o": int(offset)},
+                 MAX_RESERVE_MESSAGE)
+
+
+def _dump(msg: Dict[str, object], limit: int) -> str:
     out = json.dumps(msg, separators=(",", ":"))
-    if len(out.encode()) > MAX_MESSAGE:
-        raise ValueError(f"notice longer than {MAX_MESSAGE} bytes (request id too long?)")
+    if len(out.encode()) > limit:
+        raise ValueError(f"notice longer than {limit} bytes (request id or block list too long?)")
     return out
 
 
@@ -53,23 +64,39 @@ class Notice:
     rid: str
     ticket: str
     seconds: float = 0.0
+    blocks: Tuple[int, ...] = ()  # reserve only
+    offset: int = 0  # reserve only
 
 
 def decode(sender: int, name: str, message: str) -> Notice:
     """One untrusted notification as a :class:`Notice`; ValueError says why it is not one."""
     if name != NAME:
         raise ValueError(f"not a notice ({name[:64]!r})")
-    if len(message.encode()) > MAX_MESSAGE:
+    size = len(message.encode())
+    if size > MAX_RESERVE_MESSAGE or (size > MAX_MESSAGE and not message.startswith('{"k":"reserve"')):
         raise ValueError(f"notice longer than {MAX_MESSAGE} bytes")
     try:
         obj = json.loads(message)
     except (ValueError, RecursionError):
         raise ValueError("notice is not JSON") from None
-    if not isinstance(obj, dict) or not set(obj) <= {"k", "r", "t", "s"}:
-        raise ValueError("notice is not an object of k, r, t, s")
+    if not isinstance(obj, dict) or not set(obj) <= {"k", "r", "t", "s", "b", "o"}:
+        raise ValueError("notice is not an object of k, r, t, s, b, o")
     kind, rid, ticket, secs = obj.get("k"), obj.get("r"), obj.get("t"), obj.get("s", 0.0)
-    if kind not in KINDS:
+    if kind == RESERVE:
+        blocks, offset = obj.get("b"), obj.get("o")
+        if not isinstance(blocks, list) or not blocks or \
+                not all(type(b) is int and 0 <= b < MAX_BLOCK_ID for b in blocks):
+            raise ValueError("bad reserved blocks")
+        if type(offset) is not int or not 0 <= offset < MAX_BLOCK_ID:
+            raise ValueError("bad block offset")
+        if not isinstance(rid, str) or not 0 < len(rid) <= MAX_ID or not isinstance(ticket, str) or \
+                len(ticket) != TICKET_HEX:
+            raise ValueError("bad transfer id or ticket")
+        return Notice(sender, RESERVE, rid, ticket, 0.0, tuple(blocks), offset)
+    if kind not in KINDS or "b" in obj or "o" in obj:
         raise ValueError("unknown notice kind")
+    if size > MAX_MESSAGE:
+        raise ValueError(f"notice longer than {MAX_MESSAGE} bytes")
     if not isinstance(rid, str) or not 0 < len(rid) <= MAX_ID:
         raise ValueError("bad request id")
     if not isinstance(ticket, str) or len(ticket) != TICKET_HEX:
@@ -220,8 +247,9 @@ class Inbox:
     """Takes the engine's notifications and hands every notice to ``holder`` (if any). Call :meth:`poll`
     from one thread (the engine's step); it never raises for what a peer sent."""
 
-    def __init__(self, dd, holder: Optional[Holder] = None, log: Optional[Callable[[str], None]] = None):
-        self.dd, self.holder, self._log = dd, holder, log
+    def __init__(self, dd, holder: Optional[Holder] = None, log: Optional[Callable[[str], None]] = None,
+                 reservations: Optional["Reservations"] = None):
+        self.dd, self.holder, self._log, self.reservations = dd, holder, log, reservations
         self.dropped: Dict[str, int] = {}  # reason -> count (malformed, foreign, no holder)
 
     def poll(self) -> List[Tuple[Notice, Optional[str]]]:
@@ -232,6 +260,12 @@ class Inbox:
                 n = decode(sender, name, message)
             except ValueError as e:
                 self._drop(str(e).split(" (")[0], sender)
+                continue
+            if n.kind == RESERVE:
+                if self.reservations is None:
+                    self._drop("no reservations", sender)
+                else:
+                    self.reservations.add(n)
                 continue
             if self.holder is None:
                 self._drop("no holder", sender)
@@ -246,6 +280,48 @@ class Inbox:
         self.dropped[why] = self.dropped.get(why, 0) + 1
         if self._log is not None and self.dropped[why] <= 10:
             self._log(f"dropped a notification from cluster {sender}: {why}")
+
+
+class Reservations:
+    """A pusher's view of the receivers' reservations (layer-wise push): transfer id and sender -> the
+    reserve notice. The pusher takes the one from the engine the transfer was handed to (its own params
+    name it), so a reservation from any other engine is never used. Bounded: ``max_entries`` (the oldest
+    goes first), each kept ``ttl_s`` at most. Thread-safe."""
+
+    def __init__(self, max_entries: int = 4096, ttl_s: float = 60.0):
+        self.max_entries, self.ttl_s = max_entries, ttl_s
+        self._lock = threading.Lock()
+        self._by: "collections.OrderedDict[Tuple[str, int], Tuple[Notice, float]]" = collections.OrderedDict()
+
+    def add(self, n: Notice, now: Optional[float] = None) -> None:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._expire(now)
+            self._by.pop((n.rid, n.sender), None)
+            if len(self._by) >= self.max_entries:
+                self._by.popitem(last=False)
+            self._by[(n.rid, n.sender)] = (n, now)
+
+    def take(self, xfer: str, sender: int) -> Optional[Notice]:
+        with self._lock:
+            got = self._by.pop((xfer, sender), None)
+            return got[0] if got else None
+
+    def _expire(self, now: float) -> None:
+        while self._by:
+            _, (_, t) = next(iter(self._by.items()))
+            if now - t <= self.ttl_s:
+                return
+            self._by.popitem(last=False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by)
+
+
+def send_reserve(dd, cluster_id: int, xfer: str, ticket: str, blocks: List[int], offset: int,
+                 timeout_ms: int = 1000) -> None:
+    dd.send_notify(cluster_id, NAME, encode_reserve(xfer, ticket, blocks, offset), timeout_ms)
 
 
 def send(dd, cluster_id: int, kind: str, rid: str, ticket: str, seconds: float = 0.0,
