@@ -112,6 +112,7 @@ class _Held:
     deadline: float
     owner: Optional[int] = None  # cluster id bound by the first notice with the right ticket
     released: bool = False
+    kind: str = ""  # the notice that released it: done or abort
     renewals: int = 0
 
 
@@ -139,6 +140,7 @@ class Holder:
         self._held: Dict[str, _Held] = {}
         self._early: "collections.OrderedDict[Tuple[str, int], Tuple[Notice, float]]" = collections.OrderedDict()
         self._released: Set[str] = set()
+        self._released_by: Dict[str, str] = {}  # the last finished() call's released: rid -> done / abort
         self.stats = HolderStats()
 
     def hold(self, rid: str, ticket: str, lease_s: float, now: Optional[float] = None) -> bool:
@@ -177,7 +179,7 @@ class Holder:
             h.renewals += 1
             h.deadline = max(h.deadline, now + min(n.seconds, self.max_lease_s))
         else:
-            h.released = True
+            h.released, h.kind = True, n.kind
         self.stats.accepted[n.kind] += 1
         return None
 
@@ -209,9 +211,11 @@ class Holder:
         now = time.monotonic() if now is None else now
         released, expired = set(), set()
         with self._lock:
+            self._released_by = {}
             for rid, h in list(self._held.items()):
                 if h.released:
                     released.add(rid)
+                    self._released_by[rid] = h.kind
                 elif now >= h.deadline:
                     expired.add(rid)
                 else:
@@ -226,6 +230,11 @@ class Holder:
         if len(self._released) + len(rids) > self.max_held:
             self._released.clear()
         self._released |= rids
+
+    def released_by(self, rid: str) -> Optional[str]:
+        """"done" or "abort": the notice that released ``rid`` (of the last :meth:`finished` call)."""
+        with self._lock:
+            return self._released_by.get(rid)
 
     def owner(self, rid: str) -> Optional[int]:
         with self._lock:

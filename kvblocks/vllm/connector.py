@@ -123,6 +123,11 @@ class _Options:
         )
 
 
+def _is_push(info: Any) -> bool:
+    """The client asked for a layer-wise push (``"mode": "push"`` in our params) instead of a pull."""
+    return isinstance(info, dict) and info.get("mode") == "push"
+
+
 def _reverse_mode(v: Any) -> str:
     """Tests only: ``_test_reverse_blocks`` true pulls every request's blocks in reverse order (a wrong
     mapping the output must show); ``"per_request"`` only for requests whose kv_transfer_params say
@@ -161,6 +166,17 @@ class _RecvJob:
     params: Dict[str, Any]
     report: bool = True  # False: only notify the prefill (no local blocks wait for it)
     t0: float = 0.0  # when the worker got it (hand-off time)
+    push_offset: int = -1  # >= 0: layer-wise push: the prefill's blocks from this index land in ours
+
+
+@dataclass
+class _PushJob:
+    """Prefill side, layer-wise push: this step computes the rest of ``xfer``'s prompt; push its blocks
+    into those the decode ``decode_engine_id`` reserved."""
+
+    xfer: str
+    decode_engine_id: str
+    block_ids: List[int]
 
 
 @dataclass
@@ -170,10 +186,12 @@ class KvblocksConnectorMetadata(KVConnectorMetadata):
     Attributes:
         reqs_to_recv: decode side, the pulls to start this step.
         reqs_to_send: prefill side, requests whose blocks wait for a pull: id -> (lease in seconds, ticket).
+        reqs_to_push: prefill side (mode push), requests whose prompt this step completes.
     """
 
     reqs_to_recv: Dict[str, _RecvJob] = field(default_factory=dict)
     reqs_to_send: Dict[str, Tuple[float, str]] = field(default_factory=dict)
+    reqs_to_push: Dict[str, _PushJob] = field(default_factory=dict)
 
 
 def _allow_amx() -> None:
@@ -242,17 +260,21 @@ class KvblocksConnector(KVConnectorBase_V1):
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Nothing to wait for: loads are whole-request and asynchronous (the request only runs once its
-        pull is reported finished), not layer by layer."""
+        KV is reported finished), not layer by layer."""
         return
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: "AttentionMetadata",
                       **kwargs: Any) -> None:
-        """Nothing to save: the decode pulls from the prefill's own paged cache (no layer-wise push)."""
-        return
+        """Mode push (prefill): this layer's KV of the requests whose prompt this step completes is
+        computed: hand it to their layer-wise pushes (sent while later layers compute). Mode pull: nothing."""
+        assert self._worker is not None
+        self._worker.layer_computed(layer_name)
 
     def wait_for_save(self) -> None:
-        """Nothing to wait for: there are no saves (see :meth:`save_kv_layer`)."""
-        return
+        """Mode push (prefill): wait for this step's layer-wise pushes to land and tell each decode (done,
+        or abort when a push failed); the blocks may be freed afterwards. Mode pull: nothing."""
+        assert self._worker is not None
+        self._worker.finish_pushes()
 
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         """Return (finished sending, finished receiving) request ids since the last call.
@@ -305,7 +327,7 @@ class KvblocksConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         """Hand this step's new pulls (decode) and newly delayed frees (prefill) to the worker."""
-        return self._sched.build_meta()
+        return self._sched.build_meta(scheduler_output)
 
     def request_finished(self, request: "Request", block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
         """Prefill side: a request asked for with ``do_remote_decode`` that finished normally keeps its
@@ -338,7 +360,8 @@ class _SchedulerSide:
     def __init__(self, c: KvblocksConnector):
         self.c = c
         self._recv: Dict[str, _RecvJob] = {}
-        self._send: Dict[str, float] = {}
+        self._send: Dict[str, Tuple[float, str]] = {}
+        self._push_wanted: Dict[str, Tuple[str, str]] = {}  # prefill, mode push: rid -> (xfer, decode engine)
         if c._is_producer:
             host, port = c._opts.listen  # type: ignore[misc]
             self._adv_host = c._opts.advertise_host or host
@@ -356,12 +379,15 @@ class _SchedulerSide:
         params = self._ours(request.kv_transfer_params)
         if params is None or not self.c._is_consumer:
             return 0, False
-        remote_tokens = int(params[PARAMS_KEY].get("num_tokens", 0))
+        info = params[PARAMS_KEY]
+        # push: the prefill computes the whole prompt into our blocks; pull: what the prefill computed
+        remote_tokens = request.num_prompt_tokens if _is_push(info) else int(info.get("num_tokens", 0))
         count = min(remote_tokens, request.num_prompt_tokens) - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int) -> None:
+        self._want_push(request)
         params = self._ours(request.kv_transfer_params)
         if params is None or not self.c._is_consumer:
             return
@@ -374,16 +400,47 @@ class _SchedulerSide:
             total = hashed * bs + num_external_tokens  # hashed blocks are full blocks
             n_blocks = (total + bs - 1) // bs
             local = [b.block_id for b in group[hashed:n_blocks]]
-            job = _RecvJob(request.request_id, local, remote[hashed:n_blocks], dict(params))
+            job = _RecvJob(request.request_id, local, remote[hashed:n_blocks], dict(params),
+                           push_offset=hashed if _is_push(info) else -1)
         else:
             job = _RecvJob(request.request_id, [], [], dict(params), report=False)  # full local hit
         self._recv[request.request_id] = job
         params["do_remote_prefill"] = False  # one transfer per request
 
-    def build_meta(self) -> KvblocksConnectorMetadata:
-        meta = KvblocksConnectorMetadata(reqs_to_recv=self._recv, reqs_to_send=self._send)
+    def _want_push(self, request: "Request") -> None:
+        """Prefill, mode push: remember a request the client asked to push (its transfer id and decode)."""
+        params = request.kv_transfer_params or {}
+        info = params.get(PARAMS_KEY)
+        if self.c._kv_role == "kv_producer" and params.get("do_remote_decode") and _is_push(info):
+            try:
+                self._push_wanted[request.request_id] = (str(info["xfer"]), check_id(str(info["decode_engine_id"])))
+            except (KeyError, ValueError) as e:
+                logger.warning("KvblocksConnector: request %s: bad push params (%s); not pushing",
+                               request.request_id, e)
+
+    def build_meta(self, scheduler_output: Optional["SchedulerOutput"] = None) -> KvblocksConnectorMetadata:
+        meta = KvblocksConnectorMetadata(reqs_to_recv=self._recv, reqs_to_send=self._send,
+                                         reqs_to_push=self._pushes_of(scheduler_output))
         self._recv, self._send = {}, {}
         return meta
+
+    def _pushes_of(self, out: Optional["SchedulerOutput"]) -> Dict[str, _PushJob]:
+        """The push-mode requests whose whole prompt this step computes (a prompt split over several steps
+        is not pushed: the decode's lease runs out and it recomputes)."""
+        if out is None or not self._push_wanted:
+            return {}
+        jobs = {}
+        for r in out.scheduled_new_reqs:
+            want = self._push_wanted.pop(r.req_id, None)
+            if want is None:
+                continue
+            n_prompt = len(r.prompt_token_ids or [])
+            if r.num_computed_tokens + out.num_scheduled_tokens.get(r.req_id, 0) < n_prompt:
+                logger.warning("KvblocksConnector: request %s: prompt split over steps; not pushed", r.req_id)
+                continue
+            n_blocks = (n_prompt + self.c._block_size - 1) // self.c._block_size
+            jobs[r.req_id] = _PushJob(want[0], want[1], list(r.block_ids[0][:n_blocks]))
+        return jobs
 
     def request_finished(self, request: "Request", block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
         from vllm.v1.request import RequestStatus
@@ -398,6 +455,9 @@ class _SchedulerSide:
             return False, None
         if not params.get("do_remote_decode") or not self.c._is_producer:
             return False, None
+        self._push_wanted.pop(request.request_id, None)
+        if _is_push(params.get(PARAMS_KEY) or {}):
+            return False, None  # pushed during the forward (wait_for_save waited for it): free now
         if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
             return False, None  # aborted: nothing to hand off
         n_tokens = request.num_computed_tokens
@@ -454,8 +514,16 @@ class _WorkerSide:
         self.layout: Optional[layouts.Layout] = None
         self._lock = threading.Lock()
         # prefill: held requests (released by the ticket holder's notices, or by the lease)
-        self.holder = notices.Holder(max_lease_s=o.abort_timeout_s)
-        self._inbox = notices.Inbox(self.dd, self.holder, log=lambda m: logger.warning("KvblocksConnector: %s", m))
+        # decode, mode push: the same bookkeeping holds our reserved blocks for the prefill holding the
+        # transfer's ticket (its done releases them to vLLM)
+        self.holder = notices.Holder(max_lease_s=max(o.abort_timeout_s, self._push_lease_s(o)))
+        self.reservations = notices.Reservations() if c._is_producer else None
+        self._inbox = notices.Inbox(self.dd, self.holder, log=lambda m: logger.warning("KvblocksConnector: %s", m),
+                                    reservations=self.reservations)
+        self._layer_of: Dict[str, int] = {}
+        self._push_step: Dict[str, _PushJob] = {}  # prefill: this step's pushes
+        self._open_pushes: List[Tuple[_PushJob, notices.Notice, int, "kb.LayerPush"]] = []
+        self._push_recv: Dict[str, _RecvJob] = {}  # decode: xfer -> the job whose blocks wait for a push
         self._refused_holds: Set[str] = set()
         # decode
         self.peers = Peers(self.dd, link_timeout_ms=o.link_timeout_ms)
@@ -497,13 +565,20 @@ class _WorkerSide:
                                  "of a layer must be one contiguous chunk")
             lay = spec
         self.reg = layouts.register(self.dd, lay, addrs, _cache_key(self.c._engine_id), keepalive=tensors)
+        self._layer_of = {n: i for i, n in enumerate(names)}
         self.layout = lay
         logger.info("KvblocksConnector: registered %d layers x %d blocks of %d bytes (%s, role %s)",
                     lay.num_layers, lay.num_blocks, lay.block_bytes, lay.dtype, self.c._kv_role)
 
     # -------------------------------------------------------------- per step
 
+    @staticmethod
+    def _push_lease_s(o: _Options) -> float:
+        """How long a decode keeps blocks reserved for a push: the prefill must first get the request."""
+        return o.link_timeout_ms / 1000 + o.pull_timeout_ms / 1000 + 30
+
     def start(self, meta: KvblocksConnectorMetadata) -> None:
+        self._push_step = meta.reqs_to_push
         for rid, (lease, ticket) in meta.reqs_to_send.items():
             if not self.holder.hold(rid, ticket, lease):
                 self._refused_holds.add(rid)  # too many held: free at once, the decode recomputes
@@ -513,11 +588,15 @@ class _WorkerSide:
     def finished(self) -> Tuple[Set[str], Set[str]]:
         self._inbox.poll()
         released, expired = self.holder.finished()
-        for rid in expired:
-            logger.warning("KvblocksConnector: request %s: no decode pulled its blocks within "
-                           "abort_timeout_s=%s; freeing them", rid, self.c._opts.abort_timeout_s)
-        sending = released | expired | self._refused_holds
-        self._refused_holds = set()
+        sending: Set[str] = set()
+        if self.c._is_producer:
+            for rid in expired:
+                logger.warning("KvblocksConnector: request %s: no decode pulled its blocks within "
+                               "abort_timeout_s=%s; freeing them", rid, self.c._opts.abort_timeout_s)
+            sending = released | expired | self._refused_holds
+            self._refused_holds = set()
+        else:
+            self._pushed(released, expired)  # a decode's holds are its reserved blocks (mode push)
         for f in self._pulls.poll():
             job, p = f.context
             self._pull_finished(job, p, f.ok, f.seconds, f.error)
@@ -545,6 +624,115 @@ class _WorkerSide:
 
     # -------------------------------------------------------------- pulls (decode)
 
+    # -------------------------------------------------------------- layer-wise push
+
+    def _pushed(self, released: Set[str], expired: Set[str]) -> None:
+        """Decode, mode push: the holds the prefill released (done) or that ran out are the transfer ids of
+        our reserved blocks, not prefill requests: report them as received (or failed)."""
+        for xfer in released | expired:
+            job = self._push_recv.pop(xfer, None)
+            if job is None:
+                continue
+            if xfer in released and self.holder.released_by(xfer) == "done":
+                took = time.perf_counter() - job.t0
+                assert self.layout is not None
+                with self._lock:
+                    self.pull_seconds.append(took)
+                    self._stats.record_pull(took, len(job.local_block_ids) * self.layout.block_bytes
+                                            * self.layout.num_layers)
+                    self._recv_done.add(job.req_id)
+            else:
+                self._fail(job, None, "the prefill aborted the push" if xfer in released
+                           else "no push landed within the reservation's lease")
+
+    def _start_push_recv(self, job: _RecvJob, p: Peer) -> None:
+        """Decode, mode push: hold our blocks for the prefill and tell it where to push (control thread)."""
+        xfer = str(job.params[PARAMS_KEY].get("xfer"))
+        ticket = notices.new_ticket()
+        if not self.holder.hold(xfer, ticket, self._push_lease_s(self.c._opts)):
+            return self._fail(job, p, "too many reserved transfers")
+        self._push_recv[xfer] = job
+        self._control.put(("reserve", (p, job, ticket)))
+
+    def _reserve(self, p: Peer, job: _RecvJob, ticket: str) -> None:
+        self._ready(p, job.params[PARAMS_KEY])
+        dst = job.local_block_ids
+        mode = self.c._opts.test_reverse_blocks
+        if mode == "all" or (mode == "per_request" and job.params.get("_test_reverse_blocks")):
+            dst = dst[::-1]  # tests only: a deliberately wrong mapping
+        notices.send_reserve(self.dd, p.cluster_id, str(job.params[PARAMS_KEY]["xfer"]), ticket, dst,
+                             job.push_offset, timeout_ms=self.c._opts.link_timeout_ms)
+
+    def layer_computed(self, layer_name: str) -> None:
+        """Prefill, mode push: layer ``layer_name`` of this step is in the KV cache."""
+        if not self._push_step and not self._open_pushes:
+            return
+        layer = self._layer_of.get(layer_name)
+        if layer is None:
+            return
+        if layer == 0 and not self._open_pushes:
+            self._open_step_pushes()
+        for _, _, _, lp in self._open_pushes:
+            lp.layer_ready(layer)
+
+    def _open_step_pushes(self) -> None:
+        for rid, job in self._push_step.items():
+            dec = cluster_id_of(job.decode_engine_id)
+            res = self._reservation(job.xfer, dec)
+            if res is None:
+                logger.warning("KvblocksConnector: request %s: decode %s reserved no blocks for transfer %s "
+                               "in time; not pushed", rid, job.decode_engine_id, job.xfer)
+                continue
+            src = job.block_ids[res.offset:res.offset + len(res.blocks)]
+            try:
+                if len(src) != len(res.blocks):
+                    raise ValueError(f"{len(res.blocks)} reserved blocks from {res.offset} for {len(job.block_ids)}")
+                assert self.reg is not None
+                cid = self.dd._find_remote_cache(dec, _cache_key(job.decode_engine_id))
+                lp = self.dd.open_layer_push(self.reg.cache, kb.CacheIndex(dec, cid), src, list(res.blocks),
+                                             tensor_num_per_layer=1)
+            except Exception as e:  # noqa: BLE001 - the decode's lease runs out and it recomputes
+                logger.warning("KvblocksConnector: request %s: layer-wise push to %s failed to open (%s: %s)",
+                               rid, job.decode_engine_id, type(e).__name__, e)
+                self._tell(dec, "abort", res)
+                continue
+            self._open_pushes.append((job, res, dec, lp))
+        self._push_step = {}
+
+    def _reservation(self, xfer: str, dec: int) -> Optional[notices.Notice]:
+        """The decode's reserve notice for ``xfer``; it may still be on its way (the client sent the
+        request to both at once): poll the notifications a little, bounded by link_timeout_ms."""
+        assert self.reservations is not None
+        end = time.monotonic() + self.c._opts.link_timeout_ms / 1000
+        while True:
+            res = self.reservations.take(xfer, dec)
+            if res is not None or time.monotonic() >= end:
+                return res
+            self._inbox.poll()
+            time.sleep(0.0005)
+
+    def finish_pushes(self) -> None:
+        """Prefill, mode push: wait for this step's pushes and tell each decode done or abort."""
+        for job, res, dec, lp in self._open_pushes:
+            ok = True
+            try:
+                lp.finish(self.c._opts.pull_timeout_ms / 1000)
+            except Exception as e:  # noqa: BLE001
+                ok = False
+                logger.warning("KvblocksConnector: layer-wise push of %s to %s failed (%s: %s)", job.xfer,
+                               job.decode_engine_id, type(e).__name__, e)
+            self._tell(dec, "done" if ok else "abort", res)
+        self._open_pushes = []
+        self._push_step = {}
+
+    def _tell(self, dec: int, kind: str, res: notices.Notice) -> None:
+        try:
+            notices.send(self.dd, dec, kind, res.rid, res.ticket, timeout_ms=self.c._opts.link_timeout_ms)
+        except Exception as e:  # noqa: BLE001 - the decode's lease frees its blocks
+            logger.debug("KvblocksConnector: could not tell decode %d %s for %s: %s", dec, kind, res.rid, e)
+
+    # -------------------------------------------------------------- pulls (decode)
+
     def _start_pull(self, job: _RecvJob) -> None:
         """Submit the pull now when the prefill's link is up (the common case: no thread hop), else hand
         it to the control thread, which links first."""
@@ -556,6 +744,10 @@ class _WorkerSide:
         if not job.report:
             self._control.put(("notice", (p, job, "abort")))  # the decode gave up before pulling
             return
+        if job.push_offset >= 0:
+            if self.c._is_producer:  # kv_both: one notice table serves the prefill's holds
+                return self._fail(job, p, "layer-wise push needs kv_consumer (this instance is kv_both)")
+            return self._start_push_recv(job, p)
         if self.peers.is_up(p) and _cache_key(p.engine_id) in p.caches:
             try:
                 return self._submit(job, p)
@@ -574,7 +766,9 @@ class _WorkerSide:
         """Link (once, or again after a failure) and check the prefill's layout against ours: the one its
         params claim, field by field, and the cache its link announced."""
         assert self.layout is not None
-        theirs = layouts.Layout.from_dict(info.get("layout") or {})
+        # push params come from the client: the prefill's cache (as its link announced it) is checked
+        theirs = layouts.Layout.from_dict(info["layout"]) if info.get("layout") or not _is_push(info) \
+            else self.layout
         diffs = [d for d in layouts.diff(self.layout, theirs) if not d.transformable]
         if diffs:
             raise ValueError(f"KV layout of prefill {p.engine_id} differs from ours: {layouts.explain(diffs)}")
@@ -640,12 +834,17 @@ class _WorkerSide:
             if item is None:
                 return
             what, args = item
-            if what == "pull":
-                p, job = args
+            if what in ("pull", "reserve"):
+                p, job = args[:2]
                 try:
-                    self._ready(p, job.params[PARAMS_KEY])
-                    self._submit(job, p)
+                    if what == "pull":
+                        self._ready(p, job.params[PARAMS_KEY])
+                        self._submit(job, p)
+                    else:
+                        self._reserve(*args)
                 except Exception as e:  # noqa: BLE001 - any failure: vLLM recomputes
+                    if what == "reserve":
+                        self._push_recv.pop(str(job.params[PARAMS_KEY].get("xfer")), None)
                     self._fail(job, p, f"{type(e).__name__}: {e}")
             else:
                 self._notify(*args)

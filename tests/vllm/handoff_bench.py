@@ -6,9 +6,7 @@ pair in turn), so load changes hit all of them alike. Prints medians and spreads
 Usage (vLLM venv; ``DIR`` holds an older ``kvblocks/vllm``, e.g. ``git archive main kvblocks/vllm | tar
 -x -C DIR``)::
 
-    python tests/vllm/handoff_bench.py [--old DIR] [--n 20] [--rounds 3] [--push]
-
-``--push`` adds a pair in layer-wise push mode (``mode=push``) when the connector has it.
+    python tests/vllm/handoff_bench.py [--old DIR] [--n 20] [--rounds 3]
 """
 import argparse
 import os
@@ -60,7 +58,6 @@ def main() -> int:
     ap.add_argument("--old", help="a directory holding an older kvblocks/vllm")
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--push", action="store_true")
     ap.add_argument("--no-nixl", action="store_true")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="handoff-")
@@ -79,9 +76,6 @@ def main() -> int:
 
     try:
         start("kvblocks", kvblocks_config("kv_producer", free_port(2)), kvblocks_config("kv_consumer"))
-        if args.push:
-            start("kvblocks-push", kvblocks_config("kv_producer", free_port(2), mode="push"),
-                  kvblocks_config("kv_consumer", mode="push"))
         if args.old:
             old_p = kvblocks_config("kv_producer", free_port(2))
             old_d = kvblocks_config("kv_consumer")

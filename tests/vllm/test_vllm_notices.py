@@ -21,8 +21,8 @@ pytest.importorskip("vllm.distributed.kv_transfer.kv_connector.v1.base")
 
 import kvblocks as kb  # noqa: E402
 from kvblocks.integrations import layouts, notices  # noqa: E402
-from kvblocks.vllm.connector import (PARAMS_KEY, KvblocksConnectorMetadata, _Options, _RecvJob,  # noqa: E402
-                                     _WorkerSide)
+from kvblocks.vllm.connector import (PARAMS_KEY, KvblocksConnectorMetadata, _Options, _PushJob,  # noqa: E402
+                                     _RecvJob, _WorkerSide)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -216,6 +216,83 @@ def test_a_prefill_whose_cache_does_not_match_its_params_is_refused():
         d.start(KvblocksConnectorMetadata(reqs_to_recv={"req-7": _RecvJob("req-7", [2], [1], params)}))
         steps(d, lambda s, r: "req-7" in r)
         assert d.take_load_errors() == {2}
+    finally:
+        d.shutdown()
+        p.shutdown()
+
+
+def push_pair(port, **extra):
+    return worker("kv_producer", "prefill-0", port, **extra), worker("kv_consumer", "decode-0", **extra)
+
+
+def layer_wise(p, d, port, xfer, src, dst, rid="req-p", extra=None, offset=0):
+    """The decode reserves ``dst`` (its scheduler's job), the prefill computes every layer (its forward
+    calls save_kv_layer per layer, then wait_for_save) and pushes ``src[offset:]`` as it goes."""
+    params = {"do_remote_prefill": True, PARAMS_KEY: {"mode": "push", "xfer": xfer, "engine_id": "prefill-0",
+                                                      "host": "127.0.0.1", "port": port}}
+    params.update(extra or {})
+    d.start(KvblocksConnectorMetadata(reqs_to_recv={rid: _RecvJob(rid, dst, [], params, push_offset=offset)}))
+    p.start(KvblocksConnectorMetadata(reqs_to_push={"p-" + rid: _PushJob(xfer, "decode-0", src)}))
+    for name in p.kv:  # layer order
+        p.layer_computed(name)
+    p.finish_pushes()
+    return steps(d, lambda s, r: rid in r)[1]
+
+
+def test_layer_wise_push_lands_every_layer_in_the_reserved_blocks():
+    port = free_port()
+    p, d = push_pair(port)
+    try:
+        assert layer_wise(p, d, port, "x1", [3, 5, 7, 9], [0, 1, 2], offset=1) == {"req-p"}
+        assert d.take_load_errors() == set()
+        for name in p.kv:
+            assert torch.equal(d.kv[name][[0, 1, 2]], p.kv[name][[5, 7, 9]])
+        assert p.reservations is not None and len(p.reservations) == 0
+    finally:
+        d.shutdown()
+        p.shutdown()
+
+
+def test_negative_control_push_into_reversed_blocks_lands_elsewhere():
+    port = free_port()
+    p, d = push_pair(port, _test_reverse_blocks="per_request")
+    try:
+        layer_wise(p, d, port, "x2", [3, 5, 7], [0, 1, 2], extra={"_test_reverse_blocks": True})
+        name = next(iter(p.kv))
+        assert not torch.equal(d.kv[name][[0, 1, 2]], p.kv[name][[3, 5, 7]])
+        assert torch.equal(d.kv[name][[2, 1, 0]], p.kv[name][[3, 5, 7]])
+    finally:
+        d.shutdown()
+        p.shutdown()
+
+
+def test_a_third_engines_reservation_is_never_pushed_to():
+    """X (token holder) reserves the transfer id first, with its own blocks: the prefill pushes only to
+    the decode its params name; X gets nothing, the decode gets the KV."""
+    port = free_port()
+    p, d = push_pair(port)
+    x = third(port)
+    try:
+        x.call(op="raw", name=notices.NAME, message=notices.encode_reserve("x3", notices.new_ticket(), [1], 0))
+        p.finished()  # X's reservation is in the table now
+        assert layer_wise(p, d, port, "x3", [3], [4]) == {"req-p"}
+        name = next(iter(p.kv))
+        assert torch.equal(d.kv[name][4], p.kv[name][3])
+        assert len(p.reservations) == 1  # X's, unused
+    finally:
+        x.close(kill=True)
+        d.shutdown()
+        p.shutdown()
+
+
+def test_an_aborted_push_is_recomputed():
+    """The prefill cannot push (it has fewer blocks than the decode reserved): it says abort, and the
+    decode reports its blocks for recompute instead of as loaded."""
+    port = free_port()
+    p, d = push_pair(port)
+    try:
+        assert layer_wise(p, d, port, "x4", [3], [0, 1]) == {"req-p"}
+        assert d.take_load_errors() == {0, 1}
     finally:
         d.shutdown()
         p.shutdown()
