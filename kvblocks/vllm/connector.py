@@ -27,6 +27,10 @@ Flow (one request):
 4. The prefill worker's :meth:`get_finished` reports the request as sent (its blocks are freed) once the
    decode holding the ticket said done (or abort), or when the lease (``abort_timeout_s``) expires.
 
+Layer-wise push (per request, ``"mode": "push"`` in the params, see the README): the decode gets the request
+first, reserves its blocks and tells the prefill which (a ``reserve`` notice); the prefill pushes each
+layer into them as :meth:`save_kv_layer` reports it computed, waits in :meth:`wait_for_save` and says done.
+
 The KV cache must be host memory (vLLM's CPU backend): kvblocks moves host memory. Tensor parallelism 1
 and equal layouts on both sides only.
 
@@ -268,7 +272,9 @@ class KvblocksConnector(KVConnectorBase_V1):
         """Mode push (prefill): this layer's KV of the requests whose prompt this step completes is
         computed: hand it to their layer-wise pushes (sent while later layers compute). Mode pull: nothing."""
         assert self._worker is not None
-        self._worker.layer_computed(layer_name)
+        meta = self._get_connector_metadata()  # bound before the forward (start_load_kv may come after it)
+        if isinstance(meta, KvblocksConnectorMetadata) and meta.reqs_to_push:
+            self._worker.layer_computed(layer_name, meta.reqs_to_push)
 
     def wait_for_save(self) -> None:
         """Mode push (prefill): wait for this step's layer-wise pushes to land and tell each decode (done,
@@ -521,7 +527,7 @@ class _WorkerSide:
         self._inbox = notices.Inbox(self.dd, self.holder, log=lambda m: logger.warning("KvblocksConnector: %s", m),
                                     reservations=self.reservations)
         self._layer_of: Dict[str, int] = {}
-        self._push_step: Dict[str, _PushJob] = {}  # prefill: this step's pushes
+        self._pushes_opened = False  # prefill: this step's pushes are open (until wait_for_save)
         self._open_pushes: List[Tuple[_PushJob, notices.Notice, int, "kb.LayerPush"]] = []
         self._push_recv: Dict[str, _RecvJob] = {}  # decode: xfer -> the job whose blocks wait for a push
         self._refused_holds: Set[str] = set()
@@ -578,7 +584,6 @@ class _WorkerSide:
         return o.link_timeout_ms / 1000 + o.pull_timeout_ms / 1000 + 30
 
     def start(self, meta: KvblocksConnectorMetadata) -> None:
-        self._push_step = meta.reqs_to_push
         for rid, (lease, ticket) in meta.reqs_to_send.items():
             if not self.holder.hold(rid, ticket, lease):
                 self._refused_holds.add(rid)  # too many held: free at once, the decode recomputes
@@ -663,20 +668,19 @@ class _WorkerSide:
         notices.send_reserve(self.dd, p.cluster_id, str(job.params[PARAMS_KEY]["xfer"]), ticket, dst,
                              job.push_offset, timeout_ms=self.c._opts.link_timeout_ms)
 
-    def layer_computed(self, layer_name: str) -> None:
+    def layer_computed(self, layer_name: str, pushes: Dict[str, _PushJob]) -> None:
         """Prefill, mode push: layer ``layer_name`` of this step is in the KV cache."""
-        if not self._push_step and not self._open_pushes:
-            return
         layer = self._layer_of.get(layer_name)
         if layer is None:
             return
-        if layer == 0 and not self._open_pushes:
-            self._open_step_pushes()
+        if not self._pushes_opened:
+            self._pushes_opened = True
+            self._open_step_pushes(pushes)
         for _, _, _, lp in self._open_pushes:
             lp.layer_ready(layer)
 
-    def _open_step_pushes(self) -> None:
-        for rid, job in self._push_step.items():
+    def _open_step_pushes(self, pushes: Dict[str, _PushJob]) -> None:
+        for rid, job in pushes.items():
             dec = cluster_id_of(job.decode_engine_id)
             res = self._reservation(job.xfer, dec)
             if res is None:
@@ -697,7 +701,6 @@ class _WorkerSide:
                 self._tell(dec, "abort", res)
                 continue
             self._open_pushes.append((job, res, dec, lp))
-        self._push_step = {}
 
     def _reservation(self, xfer: str, dec: int) -> Optional[notices.Notice]:
         """The decode's reserve notice for ``xfer``; it may still be on its way (the client sent the
@@ -723,7 +726,7 @@ class _WorkerSide:
                                job.decode_engine_id, type(e).__name__, e)
             self._tell(dec, "done" if ok else "abort", res)
         self._open_pushes = []
-        self._push_step = {}
+        self._pushes_opened = False
 
     def _tell(self, dec: int, kind: str, res: notices.Notice) -> None:
         try:

@@ -201,8 +201,9 @@ def test_decode_tells_nothing_to_a_prefill_without_the_token():
         fake.shutdown()
 
 
-def test_a_prefill_whose_cache_does_not_match_its_params_is_refused():
-    """Params claim our layout; the prefill's registered cache (what its link announced) has 2 layers."""
+def test_a_prefill_whose_cache_does_not_match_its_params_is_refused(caplog):
+    """Params claim our layout; the prefill's registered cache (what its link announced) has 2 layers:
+    refused before any pull, saying so; the honest params are refused before linking, naming the field."""
     port = free_port()
     p = worker("kv_producer", "prefill-0", port, layers=2)
     d = worker("kv_consumer", "decode-0")
@@ -212,10 +213,12 @@ def test_a_prefill_whose_cache_does_not_match_its_params_is_refused():
         d.start(KvblocksConnectorMetadata(reqs_to_recv={"req-6": _RecvJob("req-6", [2], [1], params)}))
         _, recv = steps(d, lambda s, r: "req-6" in r)
         assert recv == {"req-6"} and d.take_load_errors() == {2}
+        assert "registered KV cache does not match its params: num_layers: ours 4, theirs 2" in caplog.text
         params = handed_off(p, "req-7", [1], port)  # the honest params: refused before linking, precisely
         d.start(KvblocksConnectorMetadata(reqs_to_recv={"req-7": _RecvJob("req-7", [2], [1], params)}))
         steps(d, lambda s, r: "req-7" in r)
         assert d.take_load_errors() == {2}
+        assert "differs from ours: num_layers: ours 4, theirs 2 (must match)" in caplog.text
     finally:
         d.shutdown()
         p.shutdown()
@@ -232,9 +235,9 @@ def layer_wise(p, d, port, xfer, src, dst, rid="req-p", extra=None, offset=0):
                                                       "host": "127.0.0.1", "port": port}}
     params.update(extra or {})
     d.start(KvblocksConnectorMetadata(reqs_to_recv={rid: _RecvJob(rid, dst, [], params, push_offset=offset)}))
-    p.start(KvblocksConnectorMetadata(reqs_to_push={"p-" + rid: _PushJob(xfer, "decode-0", src)}))
+    pushes = {"p-" + rid: _PushJob(xfer, "decode-0", src)}  # the prefill step's metadata (bound before forward)
     for name in p.kv:  # layer order
-        p.layer_computed(name)
+        p.layer_computed(name, pushes)
     p.finish_pushes()
     return steps(d, lambda s, r: rid in r)[1]
 
