@@ -2,6 +2,9 @@
 """kvblocks.integrations.peers with real engines: this process against tests/peer.py in a second process
 (linking once, finding a cache by key in the link-time table, relinking after the peer was killed and
 restarted or the link broke, refusing another engine at the address)."""
+import os
+import signal
+
 import numpy as np
 import pytest
 
@@ -10,6 +13,7 @@ from conftest import free_port
 from kvblocks.integrations.peers import Peers, cache_key_of, cluster_id_of
 from peer import pattern
 from procs import Peer as Proc
+from procs import wait_stopped
 
 ENGINE = "prefill-0"
 KEY = cache_key_of("kv")
@@ -78,8 +82,7 @@ def test_relink_after_the_peer_was_killed_and_restarted(local):
         proc, cid2 = start(port, seed=9)  # same engine, same address, another cache id and content
         with pytest.raises(kb.LLMException):
             pull_all(peers, p, cache)  # the old link is dead
-        peers.mark_broken(p)
-        assert not peers.is_up(p)
+        assert not peers.is_up(p)  # the runtime dropped it: no mark needed
         peers.ensure_linked(p)
         assert p.links == 2 and peers.find_cache(p, KEY) == cid2
         got = pull_all(peers, p, cache)
@@ -101,6 +104,37 @@ def test_a_link_marked_broken_is_dropped_and_made_again(local):
         assert p.links == 2 and peers.is_up(p)
         pull_all(peers, p, cache)
     finally:
+        proc.close()
+
+
+def test_a_link_broken_by_a_timeout_is_made_again():
+    """A frozen peer: a TCP pull times out and the runtime drops the link (transfers fail even after the
+    peer runs again); the next ensure_linked links again, and pulls work."""
+    dd = kb.LlmDataDist(cluster_id_of("decode-0"), kb.LlmRole.DECODER)
+    dd.initialize({kb.OPTION_DEVICE_ID: "0", kb.OPTION_SYNC_CACHE_WAIT_TIME: "300", kb.OPTION_TRANSPORT: "tcp"})
+    cache = dd.allocate_cache(kb.CacheDesc(TENSORS, kb.DataType.DT_UINT8, [BLOCKS, BLOCK_BYTES]))
+    port = free_port()
+    proc, _ = start(port)
+    try:
+        peers = Peers(dd)
+        p = peers.get(ENGINE, "127.0.0.1", port)
+        peers.ensure_linked(p)
+        os.kill(proc.proc.pid, signal.SIGSTOP)
+        wait_stopped(proc.proc.pid)
+        try:
+            with pytest.raises(kb.LLMTimeoutError):
+                pull_all(peers, p, cache)
+        finally:
+            os.kill(proc.proc.pid, signal.SIGCONT)
+        with pytest.raises(kb.LLMException):
+            pull_all(peers, p, cache)  # not linked any more, though the peer runs again
+        assert not peers.is_up(p)
+        peers.ensure_linked(p)
+        assert p.links == 2
+        got = pull_all(peers, p, cache)
+        assert (got[0] == pattern(7, 0, BLOCKS, BLOCK_BYTES)).all()
+    finally:
+        dd.finalize()
         proc.close()
 
 

@@ -1,29 +1,38 @@
 # SPDX-License-Identifier: Apache-2.0
 """``KvblocksConnector``: vLLM disaggregated prefill/decode over kvblocks, in the pull model of NixlConnector.
 
+The glue on :mod:`kvblocks.integrations`: peers (one link per prefill, relinked when broken, the prefill's
+KV cache found by key in the link-time table), layouts (vLLM's per-layer tensors registered once as one
+kvblocks cache, compared field by field), notices (done / abort over the runtime's notifications, bound
+to the decode holding the request's ticket) and completion through the runtime's async handles. There is
+no side channel and no second port: everything rides the kvblocks link.
+
 Flow (one request):
 
 1. The client (or a proxy) sends the prompt to the **prefill** instance with
    ``kv_transfer_params={"do_remote_decode": True}`` and ``max_tokens=1``. When it finishes, the prefill
    scheduler's :meth:`KvblocksConnector.request_finished` keeps the request's blocks (delayed free) and
-   returns ``kv_transfer_params``: engine id, kvblocks address and side-channel port, kvblocks cluster id,
-   block ids, number of computed tokens and a layout hash.
+   returns ``kv_transfer_params``: engine id, kvblocks address, block ids, number of computed tokens, the
+   KV layout and a random **ticket** (whoever holds it may release the blocks).
 2. The client sends the same prompt with those params to the **decode** instance. Its scheduler's
    :meth:`get_num_new_matched_tokens` answers ``(n, True)`` (n tokens will be loaded asynchronously),
    :meth:`update_state_after_alloc` records the local blocks vLLM allocated for them, and
    :meth:`build_connector_meta` hands the (remote blocks -> local blocks) job to the worker.
-3. The decode worker's :meth:`start_load_kv` queues the job on a thread that links to the prefill (once
-   per peer, lazily, checking the layout), claims the request over the side channel (the prefill binds
-   it to this decode and refuses it to any other), pulls the blocks of every layer with one
-   ``LlmDataDist.pull_kv_blocks`` call, and tells the prefill over the side channel that it is done.
-   :meth:`get_finished` reports the request as received; failed blocks go to
+3. The decode worker's :meth:`start_load_kv` submits the pull of every layer's blocks as one
+   ``pull_kv_blocks_async`` (linking first, once per prefill, on the connector's control thread);
+   :meth:`get_finished` reports the request as received when the handle completes and sends the prefill
+   a ``done`` notice (with the ticket) over the link. Failed blocks go to
    :meth:`get_block_ids_with_load_errors` so that vLLM recomputes them (use
    ``kv_load_failure_policy="recompute"`` on the decode instance).
 4. The prefill worker's :meth:`get_finished` reports the request as sent (its blocks are freed) once the
-   decode it was handed to said done, or when the lease (``abort_timeout_s``) expires.
+   decode holding the ticket said done (or abort), or when the lease (``abort_timeout_s``) expires.
+
+Layer-wise push (per request, ``"mode": "push"`` in the params, see the README): the decode gets the request
+first, reserves its blocks and tells the prefill which (a ``reserve`` notice); the prefill pushes each
+layer into them as :meth:`save_kv_layer` reports it computed, waits in :meth:`wait_for_save` and says done.
 
 The KV cache must be host memory (vLLM's CPU backend): kvblocks moves host memory. Tensor parallelism 1
-only; no layer-wise push (the pull happens after the whole prefill).
+and equal layouts on both sides only.
 
 Options (``kv_connector_extra_config``):
 
@@ -31,23 +40,19 @@ Options (``kv_connector_extra_config``):
 ``listen``           ``ip:port`` of the prefill's kvblocks listener (kv_producer and kv_both; required there)
 ``advertise_host``   the host decode instances use to reach this prefill (default: the ``listen`` ip; needed
                      when listening on ``0.0.0.0``)
-``notify_port``      the side-channel port (default: the ``listen`` port + 1)
 ``transport``        ``auto`` (default: shared memory on one host, TCP between hosts), ``tcp``, ``shm``
-``auth_token``       shared secret for kvblocks links and the side channel (default: ``KVBLOCKS_AUTH_TOKEN``)
+``auth_token``       shared secret of the kvblocks links (default: ``KVBLOCKS_AUTH_TOKEN``)
 ``pull_timeout_ms``  deadline of one pull (``llm.SyncKvCacheWaitTime``), default 5000
-``link_timeout_ms``  deadline of linking to a prefill and of side-channel answers, default 3000
+``link_timeout_ms``  deadline of linking to a prefill and of a notice's acknowledgement, default 3000
 ``abort_timeout_s``  lease: the prefill frees a request's blocks after this long even without a "done",
                      default 120
-``pull_threads``     concurrent pulls on a decode worker, default 2
 ==================== ========================================================================================
 """
-import hashlib
 import json
 import os
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
@@ -61,7 +66,10 @@ from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvblocks as kb
-from kvblocks.vllm._sidechannel import Handoffs, Refused, SideChannelClient, SideChannelServer
+from kvblocks.integrations import layouts, notices
+from kvblocks.integrations.completion import Transfers
+from kvblocks.integrations.peers import Peer, Peers, cache_key_of, check_id
+from kvblocks.integrations.peers import cluster_id_of as cluster_id_of  # re-exported (tests, tools)
 from kvblocks.vllm.stats import EngineDelta, KvblocksConnectorStats, KvblocksPromMetrics
 
 if TYPE_CHECKING:
@@ -77,37 +85,23 @@ logger = init_logger("vllm.kvblocks")  # under "vllm": shown with vLLM's log set
 
 PARAMS_KEY = "kvblocks"  # kv_transfer_params["kvblocks"] holds our fields (besides Nixl-style generic ones)
 
-_DTYPES = {
-    torch.bfloat16: kb.DataType.DT_BF16,
-    torch.float16: kb.DataType.DT_FLOAT16,
-    torch.float32: kb.DataType.DT_FLOAT,
-    torch.uint8: kb.DataType.DT_UINT8,
-    torch.int8: kb.DataType.DT_INT8,
-}
-for _name in ("float8_e4m3fn", "float8_e5m2"):
-    if hasattr(torch, _name):
-        _DTYPES[getattr(torch, _name)] = kb.DataType.DT_UINT8  # moved as bytes
-
-
 @dataclass
 class _Options:
     """Parsed ``kv_connector_extra_config``."""
 
     listen: Optional[Tuple[str, int]]
     advertise_host: Optional[str]
-    notify_port: Optional[int]
     transport: str
     auth_token: Optional[str]
     pull_timeout_ms: int
     link_timeout_ms: int
     abort_timeout_s: float
-    pull_threads: int
     test_reverse_blocks: str  # "off", "all", "per_request"
 
     @classmethod
     def parse(cls, extra: Dict[str, Any]) -> "_Options":
-        known = {"listen", "advertise_host", "notify_port", "transport", "auth_token", "pull_timeout_ms",
-                 "link_timeout_ms", "abort_timeout_s", "pull_threads", "_test_reverse_blocks"}
+        known = {"listen", "advertise_host", "transport", "auth_token", "pull_timeout_ms", "link_timeout_ms",
+                 "abort_timeout_s", "_test_reverse_blocks"}
         unknown = set(extra) - known
         if unknown:
             raise ValueError(f"KvblocksConnector: unknown kv_connector_extra_config keys {sorted(unknown)}; "
@@ -121,19 +115,21 @@ class _Options:
         transport = str(extra.get("transport", "auto"))
         if transport not in ("auto", "tcp", "shm"):
             raise ValueError(f"KvblocksConnector: transport must be auto, tcp or shm, got {transport!r}")
-        notify = extra.get("notify_port")
         return cls(
             listen=listen,
             advertise_host=extra.get("advertise_host"),
-            notify_port=int(notify) if notify is not None else (listen[1] + 1 if listen else None),
             transport=transport,
             auth_token=extra.get("auth_token") or os.environ.get("KVBLOCKS_AUTH_TOKEN") or None,
             pull_timeout_ms=int(extra.get("pull_timeout_ms", 5000)),
             link_timeout_ms=int(extra.get("link_timeout_ms", 3000)),
             abort_timeout_s=float(extra.get("abort_timeout_s", 120)),
-            pull_threads=max(1, int(extra.get("pull_threads", 2))),
             test_reverse_blocks=_reverse_mode(extra.get("_test_reverse_blocks", False)),
         )
+
+
+def _is_push(info: Any) -> bool:
+    """The client asked for a layer-wise push (``"mode": "push"`` in our params) instead of a pull."""
+    return isinstance(info, dict) and info.get("mode") == "push"
 
 
 def _reverse_mode(v: Any) -> str:
@@ -145,32 +141,23 @@ def _reverse_mode(v: Any) -> str:
     return "all" if v in (True, "true", "1", 1) else "off"
 
 
-def layout_of(kv_cache_config: "KVCacheConfig") -> Dict[str, Any]:
-    """What both sides must agree on: per group the spec kind, block size, heads, head size, dtype, page
-    bytes and number of layers (one kvblocks tensor per layer)."""
-    groups = []
-    for g in kv_cache_config.kv_cache_groups:
-        s = g.kv_cache_spec
-        groups.append({
-            "spec": type(s).__name__,
-            "block_size": s.block_size,
-            "num_kv_heads": getattr(s, "num_kv_heads", None),
-            "head_size": getattr(s, "head_size", None),
-            "dtype": str(getattr(s, "dtype", None)),
-            "page_size_bytes": s.page_size_bytes,
-            "layers": len(g.layer_names),
-        })
-    return {"groups": groups, "num_tensors": sum(g["layers"] for g in groups), "tp": 1}
-
-
-def layout_hash(kv_cache_config: "KVCacheConfig") -> str:
-    """A short hash of :func:`layout_of`, compared before linking."""
-    return hashlib.sha256(json.dumps(layout_of(kv_cache_config), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def cluster_id_of(engine_id: str) -> int:
-    """The kvblocks cluster id of an engine: 56 bits of the engine id's SHA-256 (stable across processes)."""
-    return int.from_bytes(hashlib.sha256(engine_id.encode()).digest()[:7], "big") or 1
+def vllm_layout(kv_cache_config: "KVCacheConfig") -> layouts.Layout:
+    """What both sides must agree on, from vLLM's KV cache spec: layers (one kvblocks tensor each), bytes
+    of a block of a layer, dtype, block shape (K/V x tokens x KV heads x head size where the page is
+    that), tokens per block and the spec kind. One KV cache group (this connector turns HMA off)."""
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise NotImplementedError(f"KvblocksConnector supports one KV cache group, got {len(groups)}")
+    s = groups[0].kv_cache_spec
+    dtype = str(getattr(s, "dtype", "uint8")).replace("torch.", "")
+    itemsize = int(getattr(getattr(s, "dtype", None), "itemsize", 1))
+    heads, head = getattr(s, "num_kv_heads", None), getattr(s, "head_size", None)
+    page = int(s.page_size_bytes)
+    shape: Tuple[int, ...] = (page // itemsize,)
+    if heads and head and 2 * s.block_size * heads * head * itemsize == page:
+        shape = (2, s.block_size, heads, head)
+    return layouts.Layout(len(groups[0].layer_names), kv_cache_config.num_blocks, page, dtype, shape,
+                          s.block_size, (("spec", type(s).__name__),))
 
 
 @dataclass
@@ -182,6 +169,18 @@ class _RecvJob:
     remote_block_ids: List[int]
     params: Dict[str, Any]
     report: bool = True  # False: only notify the prefill (no local blocks wait for it)
+    t0: float = 0.0  # when the worker got it (hand-off time)
+    push_offset: int = -1  # >= 0: layer-wise push: the prefill's blocks from this index land in ours
+
+
+@dataclass
+class _PushJob:
+    """Prefill side, layer-wise push: this step computes the rest of ``xfer``'s prompt; push its blocks
+    into those the decode ``decode_engine_id`` reserved."""
+
+    xfer: str
+    decode_engine_id: str
+    block_ids: List[int]
 
 
 @dataclass
@@ -190,11 +189,13 @@ class KvblocksConnectorMetadata(KVConnectorMetadata):
 
     Attributes:
         reqs_to_recv: decode side, the pulls to start this step.
-        reqs_to_send: prefill side, requests whose blocks wait for a pull: id -> lease in seconds.
+        reqs_to_send: prefill side, requests whose blocks wait for a pull: id -> (lease in seconds, ticket).
+        reqs_to_push: prefill side (mode push), requests whose prompt this step completes.
     """
 
     reqs_to_recv: Dict[str, _RecvJob] = field(default_factory=dict)
-    reqs_to_send: Dict[str, float] = field(default_factory=dict)
+    reqs_to_send: Dict[str, Tuple[float, str]] = field(default_factory=dict)
+    reqs_to_push: Dict[str, _PushJob] = field(default_factory=dict)
 
 
 def _allow_amx() -> None:
@@ -234,7 +235,7 @@ class KvblocksConnector(KVConnectorBase_V1):
             raise NotImplementedError("KvblocksConnector supports tensor_parallel_size=1 and "
                                       "pipeline_parallel_size=1 only")
         self._block_size = vllm_config.cache_config.block_size
-        self._layout_hash = layout_hash(kv_cache_config) if kv_cache_config is not None else None
+        self._layout = vllm_layout(kv_cache_config) if kv_cache_config is not None else None
         if role == KVConnectorRole.SCHEDULER:
             self._sched = _SchedulerSide(self)
             self._worker: Optional[_WorkerSide] = None
@@ -247,14 +248,15 @@ class KvblocksConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: Dict[str, torch.Tensor]) -> None:
         """Register vLLM's KV tensors with kvblocks, once: one kvblocks cache whose tensor ``l`` is layer
-        ``l`` seen as ``[num_blocks, page bytes]``, so one pull moves a block of every layer. Producers
-        then serve the side channel."""
+        ``l`` seen as ``[num_blocks, page bytes]``, so one pull moves a block of every layer; registered
+        under a key derived from the engine id, which decodes find in the link-time table."""
         assert self._worker is not None
         self._worker.register(kv_caches)
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
-        """Queue this step's pulls (decode) on the pull threads and record the prefill's pending sends;
-        returns at once (loads are asynchronous: vLLM waits via :meth:`get_finished`)."""
+        """Submit this step's pulls (decode; async handles, linking first on the control thread where
+        needed) and record the prefill's held requests; returns at once (loads are asynchronous: vLLM
+        waits via :meth:`get_finished`)."""
         assert self._worker is not None
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvblocksConnectorMetadata)
@@ -262,17 +264,23 @@ class KvblocksConnector(KVConnectorBase_V1):
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Nothing to wait for: loads are whole-request and asynchronous (the request only runs once its
-        pull is reported finished), not layer by layer."""
+        KV is reported finished), not layer by layer."""
         return
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: "AttentionMetadata",
                       **kwargs: Any) -> None:
-        """Nothing to save: the decode pulls from the prefill's own paged cache (no layer-wise push)."""
-        return
+        """Mode push (prefill): this layer's KV of the requests whose prompt this step completes is
+        computed: hand it to their layer-wise pushes (sent while later layers compute). Mode pull: nothing."""
+        assert self._worker is not None
+        meta = self._get_connector_metadata()  # bound before the forward (start_load_kv may come after it)
+        if isinstance(meta, KvblocksConnectorMetadata) and meta.reqs_to_push:
+            self._worker.layer_computed(layer_name, meta.reqs_to_push)
 
     def wait_for_save(self) -> None:
-        """Nothing to wait for: there are no saves (see :meth:`save_kv_layer`)."""
-        return
+        """Mode push (prefill): wait for this step's layer-wise pushes to land and tell each decode (done,
+        or abort when a push failed); the blocks may be freed afterwards. Mode pull: nothing."""
+        assert self._worker is not None
+        self._worker.finish_pushes()
 
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         """Return (finished sending, finished receiving) request ids since the last call.
@@ -306,7 +314,7 @@ class KvblocksConnector(KVConnectorBase_V1):
         return KvblocksPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
-        """Stop the pull threads and the side channel, release the kvblocks engine."""
+        """Stop the control thread and release the kvblocks engine (its transfers in flight end)."""
         if self._worker is not None:
             self._worker.shutdown()
 
@@ -325,7 +333,7 @@ class KvblocksConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         """Hand this step's new pulls (decode) and newly delayed frees (prefill) to the worker."""
-        return self._sched.build_meta()
+        return self._sched.build_meta(scheduler_output)
 
     def request_finished(self, request: "Request", block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
         """Prefill side: a request asked for with ``do_remote_decode`` that finished normally keeps its
@@ -358,7 +366,8 @@ class _SchedulerSide:
     def __init__(self, c: KvblocksConnector):
         self.c = c
         self._recv: Dict[str, _RecvJob] = {}
-        self._send: Dict[str, float] = {}
+        self._send: Dict[str, Tuple[float, str]] = {}
+        self._push_wanted: Dict[str, Tuple[str, str]] = {}  # prefill, mode push: rid -> (xfer, decode engine)
         if c._is_producer:
             host, port = c._opts.listen  # type: ignore[misc]
             self._adv_host = c._opts.advertise_host or host
@@ -376,12 +385,15 @@ class _SchedulerSide:
         params = self._ours(request.kv_transfer_params)
         if params is None or not self.c._is_consumer:
             return 0, False
-        remote_tokens = int(params[PARAMS_KEY].get("num_tokens", 0))
+        info = params[PARAMS_KEY]
+        # push: the prefill computes the whole prompt into our blocks; pull: what the prefill computed
+        remote_tokens = request.num_prompt_tokens if _is_push(info) else int(info.get("num_tokens", 0))
         count = min(remote_tokens, request.num_prompt_tokens) - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int) -> None:
+        self._want_push(request)
         params = self._ours(request.kv_transfer_params)
         if params is None or not self.c._is_consumer:
             return
@@ -394,16 +406,47 @@ class _SchedulerSide:
             total = hashed * bs + num_external_tokens  # hashed blocks are full blocks
             n_blocks = (total + bs - 1) // bs
             local = [b.block_id for b in group[hashed:n_blocks]]
-            job = _RecvJob(request.request_id, local, remote[hashed:n_blocks], dict(params))
+            job = _RecvJob(request.request_id, local, remote[hashed:n_blocks], dict(params),
+                           push_offset=hashed if _is_push(info) else -1)
         else:
             job = _RecvJob(request.request_id, [], [], dict(params), report=False)  # full local hit
         self._recv[request.request_id] = job
         params["do_remote_prefill"] = False  # one transfer per request
 
-    def build_meta(self) -> KvblocksConnectorMetadata:
-        meta = KvblocksConnectorMetadata(reqs_to_recv=self._recv, reqs_to_send=self._send)
+    def _want_push(self, request: "Request") -> None:
+        """Prefill, mode push: remember a request the client asked to push (its transfer id and decode)."""
+        params = request.kv_transfer_params or {}
+        info = params.get(PARAMS_KEY)
+        if self.c._kv_role == "kv_producer" and params.get("do_remote_decode") and _is_push(info):
+            try:
+                self._push_wanted[request.request_id] = (str(info["xfer"]), check_id(str(info["decode_engine_id"])))
+            except (KeyError, ValueError) as e:
+                logger.warning("KvblocksConnector: request %s: bad push params (%s); not pushing",
+                               request.request_id, e)
+
+    def build_meta(self, scheduler_output: Optional["SchedulerOutput"] = None) -> KvblocksConnectorMetadata:
+        meta = KvblocksConnectorMetadata(reqs_to_recv=self._recv, reqs_to_send=self._send,
+                                         reqs_to_push=self._pushes_of(scheduler_output))
         self._recv, self._send = {}, {}
         return meta
+
+    def _pushes_of(self, out: Optional["SchedulerOutput"]) -> Dict[str, _PushJob]:
+        """The push-mode requests whose whole prompt this step computes (a prompt split over several steps
+        is not pushed: the decode's lease runs out and it recomputes)."""
+        if out is None or not self._push_wanted:
+            return {}
+        jobs = {}
+        for r in out.scheduled_new_reqs:
+            want = self._push_wanted.pop(r.req_id, None)
+            if want is None:
+                continue
+            n_prompt = len(r.prompt_token_ids or [])
+            if r.num_computed_tokens + out.num_scheduled_tokens.get(r.req_id, 0) < n_prompt:
+                logger.warning("KvblocksConnector: request %s: prompt split over steps; not pushed", r.req_id)
+                continue
+            n_blocks = (n_prompt + self.c._block_size - 1) // self.c._block_size
+            jobs[r.req_id] = _PushJob(want[0], want[1], list(r.block_ids[0][:n_blocks]))
+        return jobs
 
     def request_finished(self, request: "Request", block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
         from vllm.v1.request import RequestStatus
@@ -418,6 +461,9 @@ class _SchedulerSide:
             return False, None
         if not params.get("do_remote_decode") or not self.c._is_producer:
             return False, None
+        self._push_wanted.pop(request.request_id, None)
+        if _is_push(params.get(PARAMS_KEY) or {}):
+            return False, None  # pushed during the forward (wait_for_save waited for it): free now
         if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
             return False, None  # aborted: nothing to hand off
         n_tokens = request.num_computed_tokens
@@ -425,7 +471,8 @@ class _SchedulerSide:
         blocks = list(block_ids[:n_blocks])
         if not blocks:
             return False, None
-        self._send[request.request_id] = self.c._opts.abort_timeout_s
+        ticket = notices.new_ticket()
+        self._send[request.request_id] = (self.c._opts.abort_timeout_s, ticket)
         return True, {
             "do_remote_prefill": True,
             "do_remote_decode": False,
@@ -436,11 +483,10 @@ class _SchedulerSide:
                 "request_id": request.request_id,
                 "host": self._adv_host,
                 "port": self._port,
-                "notify_port": self.c._opts.notify_port,
-                "cluster_id": cluster_id_of(self.c._engine_id),
                 "block_ids": blocks,
                 "num_tokens": n_tokens,
-                "layout_hash": self.c._layout_hash,
+                "layout": self.c._layout.to_dict() if self.c._layout is not None else None,
+                "ticket": ticket,  # whoever holds it may release the blocks (and nobody else)
             },
         }
 
@@ -448,36 +494,21 @@ class _SchedulerSide:
 # ====================================================================== worker side
 
 
-def _peer_key(info: Dict[str, Any]) -> Tuple[str, str, int, int]:
-    """A prefill is its engine id at its addresses: params naming a known engine id with other addresses
-    make another peer (which must prove that engine id itself), never redirect the known one."""
-    return str(info["engine_id"]), str(info["host"]), int(info["port"]), int(info["notify_port"])
-
-
-class _Peer:
-    """A prefill instance this decode worker pulls from: side channel + kvblocks link, set up lazily."""
-
-    def __init__(self, info: Dict[str, Any], opts: _Options, my_engine_id: str):
-        self.engine_id, self.host, self.port, notify_port = _peer_key(info)
-        self.chan = SideChannelClient(self.host, notify_port, opts.auth_token, timeout_s=opts.link_timeout_ms / 1000,
-                                      engine_id=my_engine_id, peer_engine=self.engine_id)
-        self.lock = threading.Lock()
-        self.linked = False
-        self.broken = False
-        self.cluster_id = 0
-        self.cache_id = 0
-
-    def cluster(self) -> "kb.ClusterInfo":
-        return kb.ClusterInfo(self.cluster_id, 0, [kb.IpInfo(self.chan.local_ip, 0)], [kb.IpInfo(self.host, self.port)])
+def _cache_key(engine_id: str) -> int:
+    """The key a prefill registers its KV cache under: decodes find it in the link-time table."""
+    return cache_key_of("vllm-kv/" + engine_id)
 
 
 class _WorkerSide:
+    """One worker's kvblocks engine. Prefill: the registered KV cache, the held requests and the notices
+    that release them. Decode: peers, pulls in flight (async handles) and one control thread that links
+    and sends notices, so that neither ever blocks a model step."""
+
     def __init__(self, c: KvblocksConnector):
         self.c = c
         o = c._opts
-        self._cluster_id = cluster_id_of(c._engine_id)
         role = {"kv_producer": kb.LlmRole.PROMPT, "kv_consumer": kb.LlmRole.DECODER}.get(c._kv_role, kb.LlmRole.MIX)
-        self.dd = kb.LlmDataDist(self._cluster_id, role)
+        self.dd = kb.LlmDataDist(cluster_id_of(c._engine_id), role)
         opts = {kb.OPTION_DEVICE_ID: "0", kb.OPTION_SYNC_CACHE_WAIT_TIME: str(o.pull_timeout_ms),
                 kb.OPTION_TRANSPORT: o.transport}
         if o.auth_token:
@@ -485,24 +516,33 @@ class _WorkerSide:
         if c._is_producer:
             opts[kb.OPTION_LISTEN_IP_INFO] = "%s:%d" % o.listen  # type: ignore[str-format]
         self.dd.initialize(opts)
-        self.cache: Optional[kb.Cache] = None
-        self._tensors: List[torch.Tensor] = []  # keep vLLM's tensors alive while registered
-        self._server: Optional[SideChannelServer] = None
+        self.reg: Optional[layouts.Registration] = None
+        self.layout: Optional[layouts.Layout] = None
         self._lock = threading.Lock()
-        # prefill: held requests, the decode each was handed to, "done" notices (bounded)
-        self._handoffs = Handoffs(retention_s=2 * o.abort_timeout_s + 60)
+        # prefill: held requests (released by the ticket holder's notices, or by the lease)
+        # decode, mode push: the same bookkeeping holds our reserved blocks for the prefill holding the
+        # transfer's ticket (its done releases them to vLLM)
+        self.holder = notices.Holder(max_lease_s=max(o.abort_timeout_s, self._push_lease_s(o)))
+        self.reservations = notices.Reservations() if c._is_producer else None
+        self._inbox = notices.Inbox(self.dd, self.holder, log=lambda m: logger.warning("KvblocksConnector: %s", m),
+                                    reservations=self.reservations)
+        self._layer_of: Dict[str, int] = {}
+        self._pushes_opened = False  # prefill: this step's pushes are open (until wait_for_save)
+        self._open_pushes: List[Tuple[_PushJob, notices.Notice, int, "kb.LayerPush"]] = []
+        self._push_recv: Dict[str, _RecvJob] = {}  # decode: xfer -> the job whose blocks wait for a push
+        self._refused_holds: Set[str] = set()
         # decode
-        self._peers: Dict[Tuple[str, str, int, int], _Peer] = {}
-        self._peers_lock = threading.Lock()
+        self.peers = Peers(self.dd, link_timeout_ms=o.link_timeout_ms)
+        self._pulls: Transfers[Tuple[_RecvJob, Peer]] = Transfers()
         self._recv_done: Set[str] = set()
         self._load_errors: Set[int] = set()
         self._load_errors_out: Set[int] = set()
-        self._pool = ThreadPoolExecutor(max_workers=o.pull_threads, thread_name_prefix="kvblocks-vllm-pull") \
-            if c._is_consumer else None
-        self._notify_q: "queue.Queue[Optional[Tuple[_Peer, str]]]" = queue.Queue()
+        self._control: "queue.Queue[Optional[Tuple[str, Any]]]" = queue.Queue()
+        self._control_thread: Optional[threading.Thread] = None
         if c._is_consumer:
-            threading.Thread(target=self._notify_loop, name="kvblocks-vllm-done", daemon=True).start()
-        self.layout: Dict[str, Any] = {}
+            self._control_thread = threading.Thread(target=self._control_loop, name="kvblocks-vllm-control",
+                                                    daemon=True)
+            self._control_thread.start()
         self.pull_seconds: List[float] = []  # per successful pull, for stats and tests
         self._stats = KvblocksConnectorStats()  # this interval's (under _lock)
         self._engine_delta = EngineDelta()
@@ -511,7 +551,7 @@ class _WorkerSide:
     # -------------------------------------------------------------- setup
 
     def register(self, kv_caches: Dict[str, torch.Tensor]) -> None:
-        if self.cache is not None:
+        if self.reg is not None:
             raise RuntimeError("KvblocksConnector: register_kv_caches called twice")
         try:
             from vllm.model_executor.models.utils import extract_layer_index
@@ -519,62 +559,52 @@ class _WorkerSide:
         except Exception:  # noqa: BLE001 - any naming scheme: keep vLLM's order
             names = list(kv_caches)
         tensors = [kv_caches[n] for n in names]
-        t0 = tensors[0]
-        kcc = self.c._kv_cache_config
-        num_blocks = kcc.num_blocks if kcc is not None else t0.shape[0]
-        for n, t in zip(names, tensors):
-            if t.device.type != "cpu":
-                raise NotImplementedError(f"KvblocksConnector: KV cache {n} is on {t.device}; kvblocks moves host "
-                                          "memory only (use vLLM's CPU backend)")
-            if t.shape != t0.shape or t.dtype != t0.dtype:
-                raise ValueError(f"KvblocksConnector: layers differ: {n} is {tuple(t.shape)} {t.dtype}, "
-                                 f"{names[0]} is {tuple(t0.shape)} {t0.dtype}")
-            if not t.is_contiguous() or t.shape[0] != num_blocks:
-                raise ValueError(f"KvblocksConnector: KV cache {n} {tuple(t.shape)} strides {t.stride()} is not "
-                                 f"[num_blocks={num_blocks}, ...] contiguous: a block of a layer must be one chunk")
-        if t0.dtype not in _DTYPES:
-            raise ValueError(f"KvblocksConnector: unsupported KV cache dtype {t0.dtype}")
-        per_block = t0[0].numel()
-        block_bytes = per_block * t0.element_size()
-        if kcc is not None:
-            page = kcc.kv_cache_groups[0].kv_cache_spec.page_size_bytes
-            if page != block_bytes:
-                raise ValueError(f"KvblocksConnector: a block of {names[0]} is {block_bytes} bytes, the KV cache spec "
-                                 f"says {page}")
-        desc = kb.CacheDesc(num_tensors=len(tensors), data_type=_DTYPES[t0.dtype], shape=[num_blocks, per_block])
-        self.cache = self.dd.register_kv_cache(desc, [t.data_ptr() for t in tensors])
-        self._tensors = tensors
-        self.layout = {"num_tensors": len(tensors), "block_bytes": block_bytes, "dtype": str(t0.dtype),
-                       "shape": list(t0.shape), "layout_hash": self.c._layout_hash}
+        try:
+            lay, addrs = layouts.describe_arrays(tensors)
+        except ValueError as e:
+            raise ValueError(f"KvblocksConnector: KV caches {names[0]}..{names[-1]}: {e}") from None
+        spec = self.c._layout
+        if spec is not None:
+            if lay.num_blocks != spec.num_blocks or lay.block_bytes != spec.block_bytes:
+                raise ValueError(f"KvblocksConnector: a KV tensor is {lay.num_blocks} blocks of {lay.block_bytes} "
+                                 f"bytes, the KV cache spec says {spec.num_blocks} of {spec.block_bytes}: a block "
+                                 "of a layer must be one contiguous chunk")
+            lay = spec
+        self.reg = layouts.register(self.dd, lay, addrs, _cache_key(self.c._engine_id), keepalive=tensors)
+        self._layer_of = {n: i for i, n in enumerate(names)}
+        self.layout = lay
         logger.info("KvblocksConnector: registered %d layers x %d blocks of %d bytes (%s, role %s)",
-                    len(tensors), num_blocks, block_bytes, t0.dtype, self.c._kv_role)
-        if self.c._is_producer:
-            o = self.c._opts
-            host, _ = o.listen  # type: ignore[misc]
-            address = "%s:%d" % (o.advertise_host or host, o.notify_port)  # what decodes dial (kv_transfer_params)
-            self._server = SideChannelServer(host, o.notify_port, self.c._engine_id, self._hello, self._handoffs,
-                                             o.auth_token, address=address)
-
-    def _hello(self) -> Dict[str, Any]:
-        assert self.cache is not None
-        return {"engine_id": self.c._engine_id, "cluster_id": self._cluster_id, "cache_id": self.cache.cache_id,
-                **self.layout}
+                    lay.num_layers, lay.num_blocks, lay.block_bytes, lay.dtype, self.c._kv_role)
 
     # -------------------------------------------------------------- per step
 
+    @staticmethod
+    def _push_lease_s(o: _Options) -> float:
+        """How long a decode keeps blocks reserved for a push: the prefill must first get the request."""
+        return o.link_timeout_ms / 1000 + o.pull_timeout_ms / 1000 + 30
+
     def start(self, meta: KvblocksConnectorMetadata) -> None:
-        for rid, lease in meta.reqs_to_send.items():
-            self._handoffs.hold(rid, lease)
+        for rid, (lease, ticket) in meta.reqs_to_send.items():
+            if not self.holder.hold(rid, ticket, lease):
+                self._refused_holds.add(rid)  # too many held: free at once, the decode recomputes
         for job in meta.reqs_to_recv.values():
-            assert self._pool is not None
-            self._pool.submit(self._pull, job)
+            self._start_pull(job)
 
     def finished(self) -> Tuple[Set[str], Set[str]]:
-        released, expired = self._handoffs.finished()
-        for rid in expired:
-            logger.warning("KvblocksConnector: request %s: no decode pulled its blocks within "
-                           "abort_timeout_s=%s; freeing them", rid, self.c._opts.abort_timeout_s)
-        sending = released | expired
+        self._inbox.poll()
+        released, expired = self.holder.finished()
+        sending: Set[str] = set()
+        if self.c._is_producer:
+            for rid in expired:
+                logger.warning("KvblocksConnector: request %s: no decode pulled its blocks within "
+                               "abort_timeout_s=%s; freeing them", rid, self.c._opts.abort_timeout_s)
+            sending = released | expired | self._refused_holds
+            self._refused_holds = set()
+        else:
+            self._pushed(released, expired)  # a decode's holds are its reserved blocks (mode push)
+        for f in self._pulls.poll():
+            job, p = f.context
+            self._pull_finished(job, p, f.ok, f.seconds, f.error)
         with self._lock:
             recving, self._recv_done = self._recv_done, set()
             self._load_errors_out |= self._load_errors
@@ -597,114 +627,248 @@ class _WorkerSide:
             out, self._load_errors_out = self._load_errors_out, set()
         return out
 
-    # -------------------------------------------------------------- pulls
+    # -------------------------------------------------------------- pulls (decode)
 
-    def _peer(self, info: Dict[str, Any]) -> _Peer:
-        key = _peer_key(info)
-        with self._peers_lock:
-            p = self._peers.get(key)
-            if p is None:
-                p = self._peers[key] = _Peer(info, self.c._opts, self.c._engine_id)
-            return p
+    # -------------------------------------------------------------- layer-wise push
 
-    def _ensure_linked(self, p: _Peer, info: Dict[str, Any]) -> None:
-        """Hand-shake and link once per peer; again after a failure (a timed-out link is broken)."""
-        with p.lock:
-            if p.linked and not p.broken:
-                return
-            if p.linked:  # broken: drop the old link locally before linking again
-                try:
-                    self.dd.unlink_llm_clusters([p.cluster()], force=True)
-                except kb.LLMException:
-                    pass
-                p.linked = False
-            ours = self.c._layout_hash
-            theirs = info.get("layout_hash")
-            if ours != theirs:
-                raise ValueError(f"KvblocksConnector: KV layout of prefill {p.engine_id} (hash {theirs}) differs "
-                                 f"from ours ({ours}): block size, dtype, KV heads, head size and number of layers "
-                                 "must match")
-            hello = p.chan.call({"op": "hello"})
-            mine = self.layout
-            for k in ("num_tensors", "block_bytes", "dtype", "layout_hash"):
-                if hello.get(k) != mine.get(k):
-                    raise ValueError(f"KvblocksConnector: prefill {p.engine_id} has {k}={hello.get(k)!r}, this "
-                                     f"decode has {mine.get(k)!r}; the KV layouts must match")
-            if hello.get("engine_id") != p.engine_id:
-                raise ValueError(f"KvblocksConnector: {p.host}:{p.port} is engine {hello.get('engine_id')}, "
-                                 f"expected {p.engine_id} (restarted?)")
-            p.cluster_id, p.cache_id = int(hello["cluster_id"]), int(hello["cache_id"])
-            rets = self.dd.link_llm_clusters([p.cluster()], timeout_in_millis=self.c._opts.link_timeout_ms)
-            if rets[0] not in (kb.Status.LLM_SUCCESS, kb.Status.LLM_ALREADY_LINK):
-                raise ConnectionError(f"KvblocksConnector: linking to prefill {p.engine_id} at {p.host}:{p.port} "
-                                      f"failed: {kb.Status(rets[0]).name}")
-            p.linked, p.broken = True, False
+    def _pushed(self, released: Set[str], expired: Set[str]) -> None:
+        """Decode, mode push: the holds the prefill released (done) or that ran out are the transfer ids of
+        our reserved blocks, not prefill requests: report them as received (or failed)."""
+        for xfer in released | expired:
+            job = self._push_recv.pop(xfer, None)
+            if job is None:
+                continue
+            if xfer in released and self.holder.released_by(xfer) == "done":
+                took = time.perf_counter() - job.t0
+                assert self.layout is not None
+                with self._lock:
+                    self.pull_seconds.append(took)
+                    self._stats.record_pull(took, len(job.local_block_ids) * self.layout.block_bytes
+                                            * self.layout.num_layers)
+                    self._recv_done.add(job.req_id)
+            else:
+                self._fail(job, None, "the prefill aborted the push" if xfer in released
+                           else "no push landed within the reservation's lease")
+
+    def _start_push_recv(self, job: _RecvJob, p: Peer) -> None:
+        """Decode, mode push: hold our blocks for the prefill and tell it where to push (control thread)."""
+        xfer = str(job.params[PARAMS_KEY].get("xfer"))
+        ticket = notices.new_ticket()
+        if not self.holder.hold(xfer, ticket, self._push_lease_s(self.c._opts)):
+            return self._fail(job, p, "too many reserved transfers")
+        self._push_recv[xfer] = job
+        self._control.put(("reserve", (p, job, ticket)))
+
+    def _reserve(self, p: Peer, job: _RecvJob, ticket: str) -> None:
+        self._ready(p, job.params[PARAMS_KEY])
+        dst = job.local_block_ids
+        mode = self.c._opts.test_reverse_blocks
+        if mode == "all" or (mode == "per_request" and job.params.get("_test_reverse_blocks")):
+            dst = dst[::-1]  # tests only: a deliberately wrong mapping
+        notices.send_reserve(self.dd, p.cluster_id, str(job.params[PARAMS_KEY]["xfer"]), ticket, dst,
+                             job.push_offset, timeout_ms=self.c._opts.link_timeout_ms)
+
+    def layer_computed(self, layer_name: str, pushes: Dict[str, _PushJob]) -> None:
+        """Prefill, mode push: layer ``layer_name`` of this step is in the KV cache."""
+        layer = self._layer_of.get(layer_name)
+        if layer is None:
+            return
+        if not self._pushes_opened:
+            self._pushes_opened = True
+            self._open_step_pushes(pushes)
+        for _, _, _, lp in self._open_pushes:
+            lp.layer_ready(layer)
+
+    def _open_step_pushes(self, pushes: Dict[str, _PushJob]) -> None:
+        for rid, job in pushes.items():
+            dec = cluster_id_of(job.decode_engine_id)
+            res = self._reservation(job.xfer, dec)
+            if res is None:
+                logger.warning("KvblocksConnector: request %s: decode %s reserved no blocks for transfer %s "
+                               "in time; not pushed", rid, job.decode_engine_id, job.xfer)
+                continue
+            src = job.block_ids[res.offset:res.offset + len(res.blocks)]
+            try:
+                if len(src) != len(res.blocks):
+                    raise ValueError(f"{len(res.blocks)} reserved blocks from {res.offset} for {len(job.block_ids)}")
+                assert self.reg is not None
+                cid = self.dd._find_remote_cache(dec, _cache_key(job.decode_engine_id))
+                lp = self.dd.open_layer_push(self.reg.cache, kb.CacheIndex(dec, cid), src, list(res.blocks),
+                                             tensor_num_per_layer=1)
+            except Exception as e:  # noqa: BLE001 - the decode's lease runs out and it recomputes
+                logger.warning("KvblocksConnector: request %s: layer-wise push to %s failed to open (%s: %s)",
+                               rid, job.decode_engine_id, type(e).__name__, e)
+                self._tell(dec, "abort", res)
+                continue
+            self._open_pushes.append((job, res, dec, lp))
+
+    def _reservation(self, xfer: str, dec: int) -> Optional[notices.Notice]:
+        """The decode's reserve notice for ``xfer``; it may still be on its way (the client sent the
+        request to both at once): poll the notifications a little, bounded by link_timeout_ms."""
+        assert self.reservations is not None
+        end = time.monotonic() + self.c._opts.link_timeout_ms / 1000
+        while True:
+            res = self.reservations.take(xfer, dec)
+            if res is not None or time.monotonic() >= end:
+                return res
+            self._inbox.poll()
+            time.sleep(0.0005)
+
+    def finish_pushes(self) -> None:
+        """Prefill, mode push: wait for this step's pushes and tell each decode done or abort."""
+        for job, res, dec, lp in self._open_pushes:
+            ok = True
+            try:
+                lp.finish(self.c._opts.pull_timeout_ms / 1000)
+            except Exception as e:  # noqa: BLE001
+                ok = False
+                logger.warning("KvblocksConnector: layer-wise push of %s to %s failed (%s: %s)", job.xfer,
+                               job.decode_engine_id, type(e).__name__, e)
+            self._tell(dec, "done" if ok else "abort", res)
+        self._open_pushes = []
+        self._pushes_opened = False
+
+    def _tell(self, dec: int, kind: str, res: notices.Notice) -> None:
+        try:
+            notices.send(self.dd, dec, kind, res.rid, res.ticket, timeout_ms=self.c._opts.link_timeout_ms)
+        except Exception as e:  # noqa: BLE001 - the decode's lease frees its blocks
+            logger.debug("KvblocksConnector: could not tell decode %d %s for %s: %s", dec, kind, res.rid, e)
+
+    # -------------------------------------------------------------- pulls (decode)
+
+    def _start_pull(self, job: _RecvJob) -> None:
+        """Submit the pull now when the prefill's link is up (the common case: no thread hop), else hand
+        it to the control thread, which links first."""
+        job.t0 = time.perf_counter()
+        try:
+            p = self._peer_of(job)
+        except (ValueError, KeyError, TypeError) as e:
+            return self._fail(job, None, e)
+        if not job.report:
+            self._control.put(("notice", (p, job, "abort")))  # the decode gave up before pulling
+            return
+        if job.push_offset >= 0:
+            if self.c._is_producer:  # kv_both: one notice table serves the prefill's holds
+                return self._fail(job, p, "layer-wise push needs kv_consumer (this instance is kv_both)")
+            return self._start_push_recv(job, p)
+        if self.peers.is_up(p) and _cache_key(p.engine_id) in p.caches:
+            try:
+                return self._submit(job, p)
+            except Exception as e:  # noqa: BLE001 - e.g. the link broke meanwhile: relink on the control thread
+                self.peers.mark_broken(p)
+                logger.debug("KvblocksConnector: request %s: submitting failed (%s); linking again", job.req_id, e)
+        self._control.put(("pull", (p, job)))
+
+    def _peer_of(self, job: _RecvJob) -> Peer:
+        info = job.params[PARAMS_KEY]
+        p = self.peers.get(str(info["engine_id"]), str(info["host"]), int(info["port"]))
+        check_id(str(info.get("request_id")))
+        return p
+
+    def _ready(self, p: Peer, info: Dict[str, Any]) -> None:
+        """Link (once, or again after a failure) and check the prefill's layout against ours: the one its
+        params claim, field by field, and the cache its link announced."""
+        assert self.layout is not None
+        # push params come from the client: the prefill's cache (as its link announced it) is checked
+        theirs = layouts.Layout.from_dict(info["layout"]) if info.get("layout") or not _is_push(info) \
+            else self.layout
+        diffs = [d for d in layouts.diff(self.layout, theirs) if not d.transformable]
+        if diffs:
+            raise ValueError(f"KV layout of prefill {p.engine_id} differs from ours: {layouts.explain(diffs)}")
+        fresh = not self.peers.is_up(p)
+        self.peers.ensure_linked(p)
+        key = _cache_key(p.engine_id)
+        if fresh or key not in p.caches:
+            p.caches.pop(key, None)
+            described = self.peers.describe_cache(p, self.peers.find_cache(p, key))
+            diffs = layouts.check_remote_cache(theirs, described)
+            if diffs:
+                p.caches.pop(key, None)
+                raise ValueError(f"prefill {p.engine_id}'s registered KV cache does not match its params: "
+                                 f"{layouts.explain(diffs)}")
             logger.info("KvblocksConnector: linked to prefill %s at %s:%d (%s)", p.engine_id, p.host, p.port,
                         self.dd.link_path(p.cluster_id))
 
-    def _pull(self, job: _RecvJob) -> None:
-        info = job.params[PARAMS_KEY]
-        ok = False
-        p: Optional[_Peer] = None
-        t0 = time.perf_counter()
-        try:
-            p = self._peer(info)
-            if job.report:
-                src, dst = job.remote_block_ids, job.local_block_ids
-                if len(src) != len(dst):
-                    raise ValueError(f"KvblocksConnector: request {job.req_id}: {len(src)} remote blocks for "
-                                     f"{len(dst)} local ones")
-                mode = self.c._opts.test_reverse_blocks
-                if mode == "all" or (mode == "per_request" and job.params.get("_test_reverse_blocks")):
-                    dst = dst[::-1]  # tests only: a deliberately wrong mapping
-                self._ensure_linked(p, info)
-                if src:
-                    # bound to this decode before the pull: no other decode's "done" can free them meanwhile
-                    p.chan.call({"op": "claim", "req": str(info.get("request_id"))})
-                    self.dd.pull_kv_blocks(kb.CacheIndex(p.cluster_id, p.cache_id), self.cache, src, dst)
-            ok = True
-        except Exception as e:  # noqa: BLE001 - any failure: report the blocks, vLLM recomputes them
-            if p is not None and not isinstance(e, Refused):  # a refused claim leaves the link as it is
-                p.broken = p.broken or p.linked
-            logger.warning("KvblocksConnector: request %s: pulling %d blocks from %s failed (%s: %s); vLLM will "
-                           "recompute them", job.req_id, len(job.local_block_ids), info.get("engine_id"),
-                           type(e).__name__, e)
-        took = time.perf_counter() - t0
-        if job.report:
-            with self._lock:
-                if ok:
-                    self.pull_seconds.append(took)
-                    self._stats.record_pull(took, len(job.remote_block_ids) * self.layout.get("block_bytes", 0)
-                                            * self.layout.get("num_tensors", 0))
-                else:
-                    self._load_errors.update(job.local_block_ids)
-                    self._stats.record_failed_pull()
-                self._recv_done.add(job.req_id)
-        if p is not None:
-            self._notify_q.put((p, str(info.get("request_id"))))
+    def _submit(self, job: _RecvJob, p: Peer) -> None:
+        assert self.reg is not None
+        src, dst = job.remote_block_ids, job.local_block_ids
+        if len(src) != len(dst):
+            raise ValueError(f"request {job.req_id}: {len(src)} remote blocks for {len(dst)} local ones")
+        mode = self.c._opts.test_reverse_blocks
+        if mode == "all" or (mode == "per_request" and job.params.get("_test_reverse_blocks")):
+            dst = dst[::-1]  # tests only: a deliberately wrong mapping
+        if not src:
+            return self._pull_finished(job, p, True, 0.0, None)
+        idx = kb.CacheIndex(p.cluster_id, p.caches[_cache_key(p.engine_id)])
+        self._pulls.add(job.req_id, self.dd.pull_kv_blocks_async(idx, self.reg.cache, src, dst), (job, p), job.t0)
 
-    def _notify_loop(self) -> None:
-        """Tell prefills "done" off the pull threads' critical path; a dead prefill just fails here."""
+    def _pull_finished(self, job: _RecvJob, p: Peer, ok: bool, took: float, error: Optional[str]) -> None:
+        if not ok:
+            return self._fail(job, p, error)
+        assert self.layout is not None
+        with self._lock:
+            self.pull_seconds.append(took)
+            self._stats.record_pull(took, len(job.remote_block_ids) * self.layout.block_bytes
+                                    * self.layout.num_layers)
+            self._recv_done.add(job.req_id)
+        self._control.put(("notice", (p, job, "done")))
+
+    def _fail(self, job: _RecvJob, p: Optional[Peer], e: Any) -> None:
+        """Any failure: report the blocks (vLLM recomputes them) and tell the prefill we gave up."""
+        if p is not None and job.report:
+            self.peers.mark_broken(p)
+        logger.warning("KvblocksConnector: request %s: pulling %d blocks from %s failed (%s); vLLM will "
+                       "recompute them", job.req_id, len(job.local_block_ids),
+                       job.params.get(PARAMS_KEY, {}).get("engine_id"), e)
+        with self._lock:
+            if job.report:
+                self._load_errors.update(job.local_block_ids)
+                self._stats.record_failed_pull()
+                self._recv_done.add(job.req_id)
+        if p is not None and self.peers.is_up(p):
+            self._control.put(("notice", (p, job, "abort")))
+
+    # -------------------------------------------------------------- control thread (decode)
+
+    def _control_loop(self) -> None:
+        """Links and notices: the only blocking calls, off the model runner's thread."""
         while True:
-            item = self._notify_q.get()
+            item = self._control.get()
             if item is None:
                 return
-            p, rid = item
-            if p.broken and not p.linked:
-                continue
-            try:
-                p.chan.call({"op": "done", "req": rid})
-            except Exception as e:  # noqa: BLE001 - its lease frees the blocks instead
-                logger.debug("KvblocksConnector: could not notify prefill %s of %s: %s", p.engine_id, rid, e)
+            what, args = item
+            if what in ("pull", "reserve"):
+                p, job = args[:2]
+                try:
+                    if what == "pull":
+                        self._ready(p, job.params[PARAMS_KEY])
+                        self._submit(job, p)
+                    else:
+                        self._reserve(*args)
+                except Exception as e:  # noqa: BLE001 - any failure: vLLM recomputes
+                    if what == "reserve":
+                        self._push_recv.pop(str(job.params[PARAMS_KEY].get("xfer")), None)
+                    self._fail(job, p, f"{type(e).__name__}: {e}")
+            else:
+                self._notify(*args)
+
+    def _notify(self, p: Peer, job: _RecvJob, kind: str) -> None:
+        info = job.params.get(PARAMS_KEY, {})
+        ticket, rid = info.get("ticket"), info.get("request_id")
+        if not isinstance(ticket, str) or not isinstance(rid, str):
+            return
+        try:
+            if kind == "abort" and not self.peers.is_up(p):
+                return  # never linked: its lease frees the blocks
+            notices.send(self.dd, p.cluster_id, kind, rid, ticket, timeout_ms=self.c._opts.link_timeout_ms)
+        except Exception as e:  # noqa: BLE001 - its lease frees the blocks instead
+            logger.debug("KvblocksConnector: could not tell prefill %s %s for %s: %s", p.engine_id, kind, rid, e)
 
     def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-        self._notify_q.put(None)
-        if self._server is not None:
-            self._server.close()
-        for p in list(self._peers.values()):
-            p.chan.close()
+        self._control.put(None)
+        if self._control_thread is not None:
+            self._control_thread.join(timeout=5)
+        self.peers.close()
         try:
             self.dd.finalize()
         except Exception:  # noqa: BLE001

@@ -63,6 +63,12 @@ class Engine:
 
     def generate(self, prompts: List[List[int]], max_tokens: int, params: Optional[List[Any]] = None,
                  timeout: float = 120) -> Dict[str, Any]:
+        self.submit(prompts, max_tokens, params)
+        return self.result(timeout)
+
+    def submit(self, prompts: List[List[int]], max_tokens: int, params: Optional[List[Any]] = None) -> None:
+        """Starts a generate without waiting for it (pair with :meth:`result`): the client can talk to
+        another engine meanwhile, as a layer-wise push needs."""
         self.wait_ready()
         try:
             self.proc.stdin.write(json.dumps({"op": "generate", "prompts": prompts, "max_tokens": max_tokens,
@@ -70,6 +76,8 @@ class Engine:
             self.proc.stdin.flush()
         except BrokenPipeError:
             raise self._exited() from None
+
+    def result(self, timeout: float = 120) -> Dict[str, Any]:
         return self._readline(timeout)
 
     def metrics(self, prefix: str = "vllm:kvblocks", timeout: float = 60) -> List[str]:

@@ -53,7 +53,13 @@ BENCH = prompts(5, [100] * N_BENCH)
 BENCH_TCP = prompts(9, [100] * N_BENCH)
 BENCH_NIXL = prompts(6, [100] * N_BENCH)
 LONGER = [EQUAL[5] + prompts(7, [40])[0]]               # extends EQUAL[5]: 4 full blocks held by the decode
-ALL = EQUAL + LONGER + NEGATIVE + FROZEN + RELINK + KILLED + BENCH + BENCH_TCP + BENCH_NIXL
+PUSH = prompts(10, [70, 150])                          # layer-wise push
+PUSH_NEG = prompts(13, [100, 150])                      # layer-wise push into reversed blocks
+N_TTFT = 8
+TTFT_PULL = prompts(11, [300] * N_TTFT)                 # time to first token, pull vs push: same lengths,
+TTFT_PUSH = prompts(12, [300] * N_TTFT)                 # fresh prompts (no prefix hit on either engine)
+ALL = EQUAL + LONGER + NEGATIVE + FROZEN + RELINK + KILLED + BENCH + BENCH_TCP + BENCH_NIXL + PUSH + PUSH_NEG
+PREFILL_ID, DECODE_ID = "kvb-prefill-0", "kvb-decode-0"  # engine ids: a push's params name both
 
 RESULTS = {}  # printed at the end of the module
 
@@ -85,11 +91,12 @@ def kvb_pair(workdir, reference):
     port = free_port(2)
     env_d = {"KVB_TIMING_FILE": str(workdir / "kvb_recv.jsonl"), "KVB_STATS_FILE": str(workdir / "kvb_stats.jsonl")}
     env_p = {"KVB_SEND_FILE": str(workdir / "kvb_send.jsonl")}
-    p = Engine("kvb-prefill", str(workdir / "model"),
-               kvblocks_config("kv_producer", port, abort_timeout_s=LEASE_S), 0, env_p, str(workdir))
-    d = Engine("kvb-decode", str(workdir / "model"),
-               kvblocks_config("kv_consumer", pull_timeout_ms=PULL_TIMEOUT_MS, link_timeout_ms=PULL_TIMEOUT_MS,
-                               _test_reverse_blocks="per_request"), 1, env_d, str(workdir), log_stats=True)
+    cfg_p = dict(kvblocks_config("kv_producer", port, abort_timeout_s=LEASE_S), engine_id=PREFILL_ID)
+    cfg_d = dict(kvblocks_config("kv_consumer", pull_timeout_ms=PULL_TIMEOUT_MS, link_timeout_ms=PULL_TIMEOUT_MS,
+                                 _test_reverse_blocks="per_request"), engine_id=DECODE_ID)
+    p = Engine("kvb-prefill", str(workdir / "model"), cfg_p, 0, env_p, str(workdir))
+    d = Engine("kvb-decode", str(workdir / "model"), cfg_d, 1, env_d, str(workdir), log_stats=True)
+    p.port = port
     yield from serve_pair(p, d)
 
 
@@ -104,14 +111,14 @@ def serve_pair(p, d):
         p.close()
 
 
-def handoff(p, d, batch, extra=None, timeout=120):
+def handoff(p, d, batch, extra=None, timeout=120, max_tokens=MAX_TOKENS):
     """Prefill ``batch`` on p (1 token), then decode it on d with the returned params."""
     pre = p.generate(batch, 1, remote(len(batch)))
     params = pre["kv_transfer_params"]
     assert all(x and x.get("do_remote_prefill") for x in params), params
     if extra:
         params = [dict(x, **extra) for x in params]
-    return d.generate(batch, MAX_TOKENS, params, timeout=timeout)
+    return d.generate(batch, max_tokens, params, timeout=timeout)
 
 
 def read_jsonl(path):
@@ -161,6 +168,19 @@ def test_handoff_time_kvblocks(kvb_pair, workdir):
     assert "no decode pulled its blocks" not in open(p.log_path).read()
 
 
+def push(p, d, batch, max_tokens, xfer, extra=None):
+    """Layer-wise push: the decode gets the request first (and reserves its blocks), then the prefill
+    computes it and pushes each layer as it is computed; the decode's answer is the result."""
+    info_d = {"mode": "push", "xfer": xfer, "engine_id": PREFILL_ID, "host": "127.0.0.1", "port": p.port}
+    pd = [dict({"do_remote_prefill": True, "kvblocks": dict(info_d, xfer=f"{xfer}-{i}")}, **(extra or {}))
+          for i in range(len(batch))]
+    pp = [{"do_remote_decode": True, "kvblocks": {"mode": "push", "xfer": f"{xfer}-{i}", "decode_engine_id": DECODE_ID}}
+          for i in range(len(batch))]
+    d.submit(batch, max_tokens, pd)
+    p.generate(batch, 1, pp)
+    return d.result()
+
+
 def _sample(lines, name):
     return sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.split("{")[0] == name)
 
@@ -191,6 +211,45 @@ def test_connector_stats_after_real_pulls(kvb_pair, workdir):
     assert _sample(lines, "vllm:kvblocks_pulled_bytes_total") == sum(sum(x["pull_bytes"]) for x in everything)
     assert _sample(lines, "vllm:kvblocks_bytes_in_total") == sum(x["engine"].get("bytes_in", 0) for x in everything)
     assert _sample(lines, "vllm:kvblocks_links_total") == 1
+
+
+def recomputes(d):
+    return open(d.log_path).read().count("will recompute")
+
+
+def test_layer_wise_push_same_tokens_and_negative_control(kvb_pair, reference):
+    """The prefill pushes each layer into the blocks the decode reserved: same tokens as one engine, no
+    recompute; pushed into the reserved blocks reversed, the tokens change (so the KV came by the push)."""
+    p, d = kvb_pair
+    before = recomputes(d)
+    out = push(p, d, PUSH, MAX_TOKENS, "push-eq")["tokens"]
+    assert out == [reference[tuple(pr)] for pr in PUSH]
+    bad = push(p, d, PUSH_NEG, MAX_TOKENS, "push-neg", extra={"_test_reverse_blocks": True})["tokens"]
+    assert recomputes(d) == before, "a push failed and vLLM recomputed: the test could not fail"
+    differ = [bad[i] != reference[tuple(pr)] for i, pr in enumerate(PUSH_NEG)]
+    RESULTS["push"] = {"equal": True, "negative_differs": differ}
+    assert all(differ), "reversing the reserved blocks did not change the tokens: the test could not fail"
+
+
+def test_time_to_first_token_pull_vs_layer_wise_push(kvb_pair):
+    """Same prompt lengths, fresh prompts, alternating modes: client-side time from the first call to the
+    decode's first token (pull: prefill, then decode; push: decode and prefill at once)."""
+    p, d = kvb_pair
+    t_pull, t_push = [], []
+    before = recomputes(d)
+    for i in range(N_TTFT):
+        t0 = time.perf_counter()
+        handoff(p, d, [TTFT_PULL[i]], max_tokens=1)
+        t_pull.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        push(p, d, [TTFT_PUSH[i]], 1, f"ttft-{i}")
+        t_push.append(time.perf_counter() - t0)
+    RESULTS["ttft_pull_median_ms"] = median(t_pull) * 1e3
+    RESULTS["ttft_push_median_ms"] = median(t_push) * 1e3
+    RESULTS["ttft_pull_ms"] = [round(x * 1e3, 1) for x in t_pull]
+    RESULTS["ttft_push_ms"] = [round(x * 1e3, 1) for x in t_push]
+    assert recomputes(d) == before
+    assert "not pushed" not in open(p.log_path).read()
 
 
 @pytest.fixture(scope="module")
@@ -317,3 +376,6 @@ def teardown_module(module):
         if "nixl_median_ms" in RESULTS:
             line += f", NixlConnector {RESULTS['nixl_median_ms']:.1f} ms"
         print(line)
+    if "ttft_push_median_ms" in RESULTS:
+        print(f"time to first token, median of {N_TTFT}: pull {RESULTS['ttft_pull_median_ms']:.1f} ms, "
+              f"layer-wise push {RESULTS['ttft_push_median_ms']:.1f} ms")

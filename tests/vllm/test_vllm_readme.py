@@ -77,9 +77,29 @@ def test_readme_serve_and_client_commands_work_verbatim(tmp_path):
         assert isinstance(out["choices"][0]["text"], str) and out["usage"]["completion_tokens"] > 0, out
         decode_log = open(servers[1][1]).read()
         assert "Traceback" not in decode_log and "failed (" not in decode_log, decode_log[-4000:]
+        # the pull's statistics on the decode server's own /metrics (over HTTP, from its engine core)
+        lines = []
+        deadline = time.monotonic() + 20
+        while _count(lines) < 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/metrics", timeout=10) as resp:
+                lines = [x for x in resp.read().decode().splitlines() if x.startswith("vllm:kvblocks")]
+        print("\n/metrics of the decode server, vllm:kvblocks_* (buckets left out):\n" +
+              "\n".join(x for x in lines if "_bucket" not in x and "_created" not in x))
+        assert _count(lines) == 1, lines
+        assert _value(lines, "vllm:kvblocks_pulled_bytes_total") > 0
+        assert _value(lines, "vllm:kvblocks_failed_pulls_total") == 0
     finally:
         for proc, _ in servers:
             stop(proc)
+
+
+def _value(lines, name):
+    return sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.split("{")[0] == name)
+
+
+def _count(lines):
+    return _value(lines, "vllm:kvblocks_pull_time_seconds_count")
 
 
 def stop(proc):

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Parts of the vLLM connector that need no vLLM: the import boundary (the side channel: test_vllm_sidechannel.py)."""
+"""Parts of the vLLM connector that need no vLLM engine: the import boundary (the worker side with real kvblocks engines: test_vllm_notices.py)."""
 import os
 import subprocess
 import sys
