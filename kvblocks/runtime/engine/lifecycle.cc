@@ -20,8 +20,8 @@
 #include "engine/options.h"
 #include "net/socket.h"
 #include "net/tls.h"
+#include "transport/registry.h"
 #include "transport/select.h"
-#include "transport/ucx_path.h"
 
 namespace kvblocks {
 
@@ -177,7 +177,7 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
                   "option %s=ucx needs %s=1: UCX's software RMA lets any host that reaches the worker read and "
                   "write this whole process; use it only on a network you trust",
                   OPTION_TRANSPORT, OPTION_UCX_TRUSTED_NETWORK);
-    if (!UcxAvailable(&why)) return Fail(LLM_PARAM_INVALID, "option %s=ucx: %s", OPTION_TRANSPORT, why.c_str());
+    if (!FindBackend(transport)->Available(&why)) return Fail(LLM_PARAM_INVALID, "option %s=ucx: %s", OPTION_TRANSPORT, why.c_str());
   }
   std::shared_ptr<TlsContext> tls;
   const Status tls_st = TlsOption(get, token, transport, ucx_trusted, &tls);

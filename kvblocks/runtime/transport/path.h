@@ -18,6 +18,14 @@ namespace kvblocks {
 
 struct Link;
 class Path;
+class Backend;
+
+// What a path is, so callers decide by type and never by name.
+enum class PathMode : uint8_t {
+  kLocalCopy,  // this thread copies the bytes itself (memcpy, process_vm_*): no peer, no network
+  kRemoteDma,  // one-sided over a network (RDMA get/put): the peer's CPU takes no part
+  kServed,     // requests the peer serves from its own table (TCP)
+};
 
 // One transfer of a pipelined run (Path::ExecutePipelined): the arguments of Path::Execute.
 struct PipeItem {
@@ -42,7 +50,9 @@ class PipeFeed {
 class Path {
  public:
   virtual ~Path() = default;
-  virtual const char *name() const = 0;  // "inprocess", "shm", "cma", "tcp"
+  virtual const char *name() const = 0;  // its backend's: logs and metrics labels only
+  virtual PathMode mode() const = 0;
+  const Backend *owner = nullptr;  // the backend that made it (set by the registry)
   // pull: remote -> local, else local -> remote. Returns LLM_TIMEOUT when the deadline passes first;
   // once it returns, no byte of the destination changes.
   virtual llm_datadist::Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) = 0;

@@ -20,7 +20,9 @@
 #include "common/error.h"
 #include "common/util.h"
 #include "link/link.h"
+#include "transport/backend.h"
 #include "transport/path.h"
+#include "transport/registry.h"
 #include "transport/ucx_abi.h"
 #include "wire/messages.h"
 
@@ -230,12 +232,15 @@ std::shared_ptr<UcxRegistration> Register(const std::shared_ptr<UcxContext> &ctx
 
 }  // namespace
 
+Backend *UcxBackend();
+
 void UcxAnnounce(const std::shared_ptr<UcxContext> &ctx, CacheEntry *cache, TableEntry *entry) {
   std::shared_ptr<UcxRegistration> r;
   {
-    std::lock_guard<std::mutex> g(cache->ucx_mu);
-    if (!cache->ucx && !cache->closing.load()) cache->ucx = Register(ctx, *cache);
-    r = cache->ucx;
+    std::lock_guard<std::mutex> g(cache->regs_mu);
+    std::shared_ptr<void> &slot = cache->regs[UcxBackend()];
+    if (!slot && !cache->closing.load()) slot = Register(ctx, *cache);
+    r = std::static_pointer_cast<UcxRegistration>(slot);
   }
   if (!r || r->ctx != ctx || entry->addrs.empty()) return;
   entry->ucx_worker = ctx->address();
@@ -243,25 +248,32 @@ void UcxAnnounce(const std::shared_ptr<UcxContext> &ctx, CacheEntry *cache, Tabl
   entry->ucx_key_of = r->key_of;
 }
 
-void UcxForget(CacheEntry *cache) {
-  std::shared_ptr<UcxRegistration> r;
-  {
-    std::lock_guard<std::mutex> g(cache->ucx_mu);
-    r.swap(cache->ucx);
-  }
+namespace {
+void Forget(CacheEntry *cache) {
+  std::shared_ptr<void> r;  // unmapped here, outside the lock
+  std::lock_guard<std::mutex> g(cache->regs_mu);
+  auto it = cache->regs.find(UcxBackend());
+  if (it == cache->regs.end()) return;
+  r.swap(it->second);
+  cache->regs.erase(it);
 }
+}  // namespace
 
 // ------------------------------------------------------------------ endpoint, path
-class UcxPeer {
+// The endpoint to one peer's worker: the backend's state on that link.
+class UcxPeer : public PeerState, public std::enable_shared_from_this<UcxPeer> {
  public:
-  UcxPeer(std::shared_ptr<UcxContext> ctx, kvb_ucx_ep *ep) : ctx_(std::move(ctx)), ep_(ep) {}
-  ~UcxPeer() { Api()->close(ep_); }
+  UcxPeer(std::shared_ptr<UcxContext> ctx, kvb_ucx_ep *ep, std::string worker)
+      : ctx_(std::move(ctx)), ep_(ep), worker_(std::move(worker)) {}
+  ~UcxPeer() override { Api()->close(ep_); }
   kvb_ucx_ep *ep() const { return ep_; }
   const std::shared_ptr<UcxContext> &ctx() const { return ctx_; }
+  const std::string &worker() const { return worker_; }
 
  private:
   std::shared_ptr<UcxContext> ctx_;
   kvb_ucx_ep *ep_;
+  std::string worker_;  // the peer's worker address the endpoint reaches
 };
 
 namespace {
@@ -276,6 +288,7 @@ class UcxPath : public Path {
     for (kvb_ucx_rkey *k : rkeys_) Api()->rkey_destroy(k);
   }
   const char *name() const override { return "ucx"; }
+  PathMode mode() const override { return PathMode::kRemoteDma; }
 
   // One operation per merged run of each tensor pair; the ranges were checked against both
   // tables (engine/transfer.cc) before this is called.
@@ -307,8 +320,10 @@ class UcxPath : public Path {
   // The local cache's mappings on this path's context, when it has been announced (else UCX finds
   // or makes its own).
   std::shared_ptr<UcxRegistration> LocalMappings(const CacheEntry &local) const {
-    std::lock_guard<std::mutex> g(local.ucx_mu);
-    return local.ucx && local.ucx->ctx == peer_->ctx() ? local.ucx : nullptr;
+    std::lock_guard<std::mutex> g(local.regs_mu);
+    auto it = local.regs.find(UcxBackend());
+    auto r = it == local.regs.end() ? nullptr : std::static_pointer_cast<UcxRegistration>(it->second);
+    return r && r->ctx == peer_->ctx() ? r : nullptr;
   }
 
   std::shared_ptr<UcxPeer> peer_;
@@ -374,17 +389,40 @@ bool UcxAttach(const std::shared_ptr<UcxContext> &ctx, Link *link, bool force, s
     *why = err;
     return false;
   }
-  auto peer = std::make_shared<UcxPeer>(ctx, ep);
-  for (auto &kv : link->caches) {
-    RemoteCache &rc = kv.second;
-    if (rc.ucx_key_of.empty() || rc.ucx_worker != first->ucx_worker) continue;
-    if (!force && rc.path && strcmp(rc.path->name(), "tcp") != 0) continue;
-    std::vector<kvb_ucx_rkey *> keys = Unpack(ep, rc);
-    if (keys.empty()) continue;
-    rc.path = std::make_shared<UcxPath>(peer, link, std::move(keys), rc);
-  }
-  link->ucx = std::move(peer);
+  AttachLater(link, UcxBackend(), std::make_shared<UcxPeer>(ctx, ep, first->ucx_worker), force);
   return true;
+}
+
+namespace {
+
+// Attaches after CONFIRM, from the peer's UCX_INFO (UcxAttach), never at ChoosePaths.
+class Ucx : public Backend {
+ public:
+  const char *name() const override { return "ucx"; }
+  uint64_t capability() const override { return kCapUcx; }
+  PathMode path_mode() const override { return PathMode::kRemoteDma; }
+  // auto offers UCX (for peers on other hosts) only on a trusted network and when the plugin loads;
+  // loading it is its first use. Transport=ucx is refused without a trusted network (lifecycle.cc).
+  bool Offered(const OfferOptions &o) const override {
+    return o.transport == "ucx" || (o.transport == "auto" && o.trusted_network && UcxAvailable());
+  }
+  bool Available(std::string *why) const override { return UcxAvailable(why); }
+  void Unregister(CacheEntry *cache) override { Forget(cache); }
+  bool Attach(Link *, std::shared_ptr<PeerState> *) override { return false; }
+  std::shared_ptr<Path> PathFor(Link *link, PeerState *state, RemoteCache &rc) override {
+    auto *peer = static_cast<UcxPeer *>(state);
+    if (peer == nullptr || rc.ucx_key_of.empty() || rc.ucx_worker != peer->worker()) return nullptr;
+    std::vector<kvb_ucx_rkey *> keys = Unpack(peer->ep(), rc);
+    if (keys.empty()) return nullptr;
+    return std::make_shared<UcxPath>(peer->shared_from_this(), link, std::move(keys), rc);
+  }
+};
+
+}  // namespace
+
+Backend *UcxBackend() {
+  static Ucx b;
+  return &b;
 }
 
 }  // namespace kvblocks
