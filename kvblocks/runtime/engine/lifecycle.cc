@@ -159,7 +159,7 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
       return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use 0 or 1", OPTION_UCX_TRUSTED_NETWORK, v.c_str());
     ucx_trusted = v == "1";
   }
-  bool integrity = false;  // the caller's side decides; a peer that cannot check is refused (tcp_path.cc)
+  bool integrity = false;  // the caller's side decides; a peer that cannot check is refused (transport/tcp/)
   if (get(OPTION_INTEGRITY, &v)) {
     if (v != "none" && v != "crc32c")
       return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use none or crc32c", OPTION_INTEGRITY, v.c_str());

@@ -20,7 +20,7 @@
 #include "transport/local_peer.h"
 #include "transport/registry.h"
 #include "transport/select.h"
-#include "transport/ucx_path.h"
+#include "transport/ucx/ucx_path.h"
 
 namespace kvblocks {
 

@@ -5,6 +5,7 @@
 
 #include "link/link.h"
 #include "transport/backend.h"
+#include "transport/cma/cma_path.h"
 #include "transport/select.h"
 
 namespace kvblocks {

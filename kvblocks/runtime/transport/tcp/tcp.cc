@@ -3,6 +3,7 @@
 // (tcp/tcp_serve.cc). Every peer offers it: the fallback of every selection.
 #include "link/link.h"
 #include "transport/backend.h"
+#include "transport/tcp/tcp_path.h"
 
 namespace kvblocks {
 

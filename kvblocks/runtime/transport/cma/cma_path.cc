@@ -8,6 +8,7 @@
 
 #include "common/limits.h"
 #include "common/util.h"
+#include "transport/cma/cma_path.h"
 #include "transport/path.h"
 #include "transport/copy_pool.h"
 

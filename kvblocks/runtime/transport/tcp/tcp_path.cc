@@ -20,6 +20,7 @@
 #include "net/socket.h"
 #include "transport/checked.h"
 #include "transport/path.h"
+#include "transport/tcp/tcp_path.h"
 
 namespace kvblocks {
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The UCX transport, runtime side (see ucx_path.h). Everything UCX lives in the plugin, loaded with
 // dlopen() here on first need; this file only speaks the plain-C interface of ucx_abi.h.
-#include "transport/ucx_path.h"
+#include "transport/ucx/ucx_path.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -23,7 +23,7 @@
 #include "transport/backend.h"
 #include "transport/path.h"
 #include "transport/registry.h"
-#include "transport/ucx_abi.h"
+#include "transport/ucx/ucx_abi.h"
 #include "wire/messages.h"
 
 namespace kvblocks {
