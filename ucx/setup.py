@@ -15,7 +15,7 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The C interface shared with the runtime lives beside the runtime's other transports.
-ABI_DIR = os.path.join(HERE, "..", "kvblocks", "runtime", "transport", "ucx")
+ABI_DIR = os.path.join(HERE, "..", "kvblocks", "runtime", "transport")
 
 
 def ucx_prefix():
