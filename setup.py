@@ -71,10 +71,9 @@ class BuildExt(build_ext):
         # Objects and libraries left in build/ by a build with other flags (a sanitizer build, say)
         # look up to date to distutils: recompile and relink everything when the flags changed.
         stamp = os.path.join(self.build_temp, "kvblocks-flags")
-        # Headers count too: distutils only compares a source with its object, so a changed header
-        # would otherwise leave stale objects (and mismatched struct layouts) behind.
-        flags = " ".join([CANN_HOME or "-", str(DEBUG), headers_digest()] + CXXFLAGS + OPT + DEBUG_CFLAGS +
-                         DEBUG_LDFLAGS)
+        # Headers are tracked per object instead (stale_object; the extension's `depends`): a header
+        # edit rebuilds only the objects that include it.
+        flags = " ".join([CANN_HOME or "-", str(DEBUG)] + CXXFLAGS + OPT + DEBUG_CFLAGS + DEBUG_LDFLAGS)
         try:
             with open(stamp) as f:
                 same = f.read() == flags
@@ -111,11 +110,16 @@ class BuildExt(build_ext):
         # Objects keep the sources' relative paths, so equal file names in two subfolders do not clash.
         for d in sorted({os.path.dirname(s) for s in sources}):
             os.makedirs(os.path.join(tmp, d), exist_ok=True)
-        args = CXXFLAGS + OPT + ["-fPIC"] + DEBUG_CFLAGS
+        # -MMD: each object's .d lists the headers it included, for stale_object next time.
+        args = CXXFLAGS + OPT + ["-fPIC", "-MMD"] + DEBUG_CFLAGS
         # "include" for the public headers, RUNTIME_DIR for the runtime's own ("wire/codec.h").
         include_dirs = ["include", RUNTIME_DIR]
 
         def compile_one(src):
+            # distutils compiles every source it is given: skip an object whose inputs are unchanged.
+            obj = cc.object_filenames([src], output_dir=tmp)[0]
+            if not self.force and os.path.exists(obj) and not stale_object(obj):
+                return obj
             return cc.compile([src], output_dir=tmp, include_dirs=include_dirs, extra_postargs=args)[0]
 
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
@@ -132,19 +136,24 @@ class BuildExt(build_ext):
         super().build_extension(ext)
 
 
-def headers_digest():
-    """SHA-256 over every header and Cython declaration the builds include."""
-    import hashlib
+def stale_object(obj):
+    """True when a file `obj` was built from (its .d, written by -MMD) is newer or gone; also without a .d."""
+    try:
+        with open(os.path.splitext(obj)[0] + ".d") as f:
+            deps = f.read().replace("\\\n", " ").split(":", 1)[1].split()
+        built = os.path.getmtime(obj)
+        return any(os.path.getmtime(d) > built for d in deps)
+    except (OSError, IndexError):
+        return True
 
-    h = hashlib.sha256()
-    for top in ("include", RUNTIME_DIR, "kvblocks"):
-        for dirpath, dirnames, filenames in os.walk(os.path.join(HERE, top)):
-            dirnames.sort()
-            for f in sorted(filenames):
-                if f.endswith((".h", ".pxd", ".pxi")):
-                    with open(os.path.join(dirpath, f), "rb") as fh:
-                        h.update(f.encode() + fh.read())
-    return h.hexdigest()
+
+def public_headers():
+    """The headers the Cython core includes from include/ (its `depends`: one changed rebuilds it)."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(os.path.join(HERE, "include")):
+        dirnames.sort()
+        found += sorted(os.path.join(dirpath, f) for f in filenames if f.endswith(".h"))
+    return found
 
 
 def runtime_sources():
@@ -175,6 +184,7 @@ def extensions():
         libraries=[RUNTIME_LIB],
         runtime_library_dirs=[] if CANN_HOME else ["$ORIGIN"],
         define_macros=macros,
+        depends=public_headers(),
         extra_compile_args=CXXFLAGS + OPT + DEBUG_CFLAGS,
         extra_link_args=DEBUG_LDFLAGS,
     )

@@ -250,7 +250,9 @@ cdef class LlmDataDist:
         Raises
         ------
         TypeError
-            An item is not a writable C-contiguous buffer, or the items differ in shape or dtype.
+            An item is not a writable C-contiguous buffer, or the items differ in shape or dtype, or
+            an item is device memory (``__cuda_array_interface__``, or a DLPack device other than the
+            CPU): no backend serves CUDA memory here.
         ParamInvalidError
             The runtime rejected the cache.
         """

@@ -447,6 +447,32 @@ cdef class Cache:
         return f"Cache(cache_id={self.cache_id}, {self.cache_desc!r})"
 
 
+# DLPack device types (dlpack.h DLDeviceType) that this process's CPU addresses: kDLCPU, kDLCUDAHost
+# (pinned host memory), kDLCUDAManaged is not among them (it may live on the device).
+_DLPACK_HOST = (1, 3)
+_DLPACK_NAMES = {2: "CUDA", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 9: "VPI", 10: "ROCm", 13: "CUDA managed",
+                 14: "oneAPI"}
+
+
+def _refuse_device_memory(k, a):
+    """Raises TypeError for memory no backend serves here: every cache is host memory (the runtime's
+    MemKind); a CUDA array is refused by name until a backend serves CUDA memory."""
+    if hasattr(type(a), "__cuda_array_interface__") or hasattr(a, "__cuda_array_interface__"):
+        raise TypeError(f"arrays[{k}] ({type(a).__name__}) is CUDA memory: no backend serves CUDA memory here "
+                        "(register host memory)")
+    dev = getattr(a, "__dlpack_device__", None)
+    if dev is None:
+        return
+    try:
+        kind = int(dev()[0])
+    except Exception:  # a broken __dlpack_device__: the buffer checks below decide
+        return
+    if kind not in _DLPACK_HOST:
+        what = _DLPACK_NAMES.get(kind, f"DLPack device type {kind}")
+        raise TypeError(f"arrays[{k}] ({type(a).__name__}) is {what} memory: no backend serves {what} memory here "
+                        "(register host memory)")
+
+
 def _describe_arrays(arrays, placement):
     """Derives (CacheDesc, addresses, keepalive) from same-shape writable C-contiguous buffers."""
     if not isinstance(arrays, (list, tuple)) or len(arrays) == 0:
@@ -456,6 +482,7 @@ def _describe_arrays(arrays, placement):
     shape = None
     dtype = None
     for k, a in enumerate(arrays):
+        _refuse_device_memory(k, a)
         mod = type(a).__module__
         if mod.startswith("torch"):
             if a.device.type != "cpu":

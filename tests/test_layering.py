@@ -22,7 +22,7 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"(([a-z_]+)/[^"]+)"', re.M)
 # (from, to): edges that break the order today. Each names what it is for; none may be added.
 KNOWN = {
     ("link", "engine"): "link/control.cc and handshake.cc are Impl methods (the control loop, the handshake)",
-    ("transport", "link"): "tcp_path.cc and ucx_path.cc take channels from Link's pool",
+    ("transport", "link"): "backends read the verified facts on Link; tcp/ takes channels from its pool",
     ("transport", "cache"): "paths read CacheEntry (registered memory) directly",
     ("transport", "plan"): "Path::Execute takes a Plan",
     ("net", "wire"): "net/socket.h sends and receives frames (wire/messages.h's header)",

@@ -3,6 +3,7 @@
 data both ways byte for byte, layer ranges, bad indices, a frozen peer (LLM_TIMEOUT, no late
 writes), a killed peer (fails fast, relinks), concurrency, unregister. Skipped without the ucx extra."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -329,6 +330,42 @@ def test_transport_ucx_without_the_plugin_names_why():
              "    print('ERR', e)\n", KVBLOCKS_UCX_PLUGIN="/nonexistent/libkvblocks_ucx.so", KVBLOCKS_LOG_LEVEL="2")
     assert r.returncode == 0, r.stderr
     assert "ERR" in r.stdout and "ucx" in r.stdout and "pip install ./ucx" in r.stdout, r.stdout
+    assert "UCX transport not loaded" in r.stderr
+
+
+# A plugin built against backend_abi.h whose table says `abi` and `name` (its other entries unset).
+_OTHER_PLUGIN = r"""
+#include "backend_abi.h"
+static const kvb_backend_api kApi = {ABI, NAME};
+extern "C" __attribute__((visibility("default"))) const kvb_backend_api *kvblocks_backend_api(void) { return &kApi; }
+"""
+
+
+@pytest.mark.parametrize("abi,name", [("KVB_BACKEND_ABI_VERSION - 1", '"ucx"'),
+                                      ("KVB_BACKEND_ABI_VERSION + 1", '"ucx"'),
+                                      ("KVB_BACKEND_ABI_VERSION", '"cuda_ipc"')])
+def test_a_plugin_of_another_abi_version_or_backend_is_refused(tmp_path, abi, name):
+    """Contract (transport/backend_abi.h): the loader takes a plugin only when its table says this
+    ABI version and the backend asked for; any other is refused, named, before any entry is called."""
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        pytest.skip(f"{cxx} is not installed")
+    src = tmp_path / "other.cc"
+    src.write_text(_OTHER_PLUGIN)
+    lib = tmp_path / "libother.so"
+    abi_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kvblocks", "runtime",
+                           "transport")
+    subprocess.run([cxx, "-shared", "-fPIC", f"-DABI=({abi})", f"-DNAME={name}", f"-I{abi_dir}", str(src), "-o",
+                    str(lib)], check=True, capture_output=True, timeout=120)
+    r = _run("import kvblocks as kb\n"
+             "d = kb.LlmDataDist(1, kb.LlmRole.MIX)\n"
+             "try:\n"
+             "    d.initialize({kb.OPTION_DEVICE_ID: '0', kb.OPTION_TRANSPORT: 'ucx',\n"
+             "               kb.OPTION_UCX_TRUSTED_NETWORK: '1'})\n"
+             "except kb.LLMException as e:\n"
+             "    print('ERR', e)\n", KVBLOCKS_UCX_PLUGIN=str(lib), KVBLOCKS_LOG_LEVEL="2")
+    assert r.returncode == 0, r.stderr
+    assert "ERR" in r.stdout and "not a kvblocks ucx plugin of backend ABI version" in r.stdout, r.stdout
     assert "UCX transport not loaded" in r.stderr
 
 

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The runtime's C++ unit tests (tests/unit/*.cpp): wire messages, plans, the cache table. One binary
-built from the runtime's own sources (cached under build/unit/ by a hash of its inputs), one pytest item
+"""The runtime's C++ unit tests (tests/unit/*.cpp): wire messages, plans, the cache table, backend
+selection. One binary built from the runtime's own sources (cached under build/unit/ by a hash of its
+inputs), one pytest item
 per C++ case. With KVBLOCKS_SANITIZE set (the sanitizer CI run) it is built with those sanitizers."""
 import glob
 import hashlib
@@ -14,8 +15,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 RUNTIME = os.path.join(ROOT, "kvblocks", "runtime")
 # The runtime files under test: each is compiled alone, so a unit keeps its dependencies few.
-UNDER_TEST = ["wire/messages.cc", "wire/table.cc", "plan/plan.cc", "plan/layout.cc", "transport/checked.cc", "security/crc32c.cc",
-              "net/socket.cc", "net/tls.cc", "security/hmac.cc", "common/util.cc", "common/error.cc"]
+UNDER_TEST = ["wire/messages.cc", "wire/table.cc", "plan/plan.cc", "plan/layout.cc", "transport/checked.cc",
+              "security/crc32c.cc", "net/socket.cc", "net/tls.cc", "security/hmac.cc", "common/util.cc",
+              "common/error.cc", "transport/path.cc"]
 CXX = os.environ.get("CXX", "g++")
 
 pytestmark = [pytest.mark.skipif(shutil.which(CXX) is None, reason=f"{CXX} is not installed"),

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// libkvblocks_ucx.so: the UCP side of kvblocks' UCX transport (see transport/ucx_abi.h). One UCP
+// libkvblocks_ucx.so: the UCP side of kvblocks' UCX transport (see transport/backend_abi.h). One UCP
 // context and worker per engine, in multi-thread mode: a progress thread serves the peer's
 // emulated operations and wire-up, and callers progress the worker themselves while they wait.
 // Those emulated operations read and write any address a peer names (UCX checks none against a
@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "ucx_abi.h"
+#include "backend_abi.h"
 
-struct kvb_ucx_ctx {
+struct kvb_ctx {
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   ucp_address_t *address = nullptr;
@@ -38,22 +38,22 @@ struct kvb_ucx_ctx {
   std::condition_variable cv;
 };
 
-struct kvb_ucx_mem {
-  kvb_ucx_ctx *ctx;
+struct kvb_mem {
+  kvb_ctx *ctx;
   ucp_mem_h memh;
   void *rkey = nullptr;
   size_t rkey_len = 0;
 };
 
-struct kvb_ucx_ep {
-  kvb_ucx_ctx *ctx;
+struct kvb_ep {
+  kvb_ctx *ctx;
   ucp_ep_h ep = nullptr;
   std::shared_mutex mu;  // posting holds it shared; the force-close exclusive
   bool closed = false;
   std::atomic<bool> failed{false};  // the error handler ran (peer failure)
 };
 
-struct kvb_ucx_rkey {
+struct kvb_rkey {
   ucp_rkey_h rkey;
 };
 
@@ -89,7 +89,7 @@ int64_t SpinNs() {
 // progress thread parks, checking every kParkMs whether they are gone.
 constexpr int kParkMs = 1;
 
-void ProgressLoop(kvb_ucx_ctx *c) {
+void ProgressLoop(kvb_ctx *c) {
   const int64_t spin = SpinNs();
   int64_t last = 0;
   while (!c->stop.load(std::memory_order_relaxed)) {
@@ -114,7 +114,7 @@ void ProgressLoop(kvb_ucx_ctx *c) {
 }
 
 // Waits for a request (or an immediate result) to finish; false when `deadline` passed first.
-bool Wait(kvb_ucx_ctx *c, void *req, int64_t deadline, ucs_status_t *st) {
+bool Wait(kvb_ctx *c, void *req, int64_t deadline, ucs_status_t *st) {
   if (req == nullptr) {
     *st = UCS_OK;
     return true;
@@ -136,7 +136,7 @@ bool Wait(kvb_ucx_ctx *c, void *req, int64_t deadline, ucs_status_t *st) {
 // yield matters on loopback: the kernel wakes the peer's thread on the core we spin on.
 class Waiter {
  public:
-  explicit Waiter(kvb_ucx_ctx *c) : c_(c) { c_->waiters.fetch_add(1); }
+  explicit Waiter(kvb_ctx *c) : c_(c) { c_->waiters.fetch_add(1); }
   // No wake-up for the progress thread: it resumes within kParkMs by itself. Waking it after every
   // call puts a third spinning thread on two cores and doubles small-call latency (60 -> 130 us).
   ~Waiter() { c_->waiters.fetch_sub(1); }
@@ -161,15 +161,15 @@ class Waiter {
 
  private:
   static constexpr int64_t kSpinNs = 5000000;
-  kvb_ucx_ctx *c_;
+  kvb_ctx *c_;
   int64_t idle_since_ = 0;
 };
 
-void OnError(void *arg, ucp_ep_h, ucs_status_t) { static_cast<kvb_ucx_ep *>(arg)->failed.store(true); }
+void OnError(void *arg, ucp_ep_h, ucs_status_t) { static_cast<kvb_ep *>(arg)->failed.store(true); }
 
 // Force-closes the endpoint: UCX completes every outstanding operation on it (cancelled) and
 // closes its transports, so nothing lands in local memory afterwards.
-void ForceClose(kvb_ucx_ep *e) {
+void ForceClose(kvb_ep *e) {
   std::unique_lock<std::shared_mutex> g(e->mu);
   if (e->closed) return;
   e->closed = true;
@@ -193,8 +193,8 @@ void Default(ucp_config_t *cfg, const char *name, const char *value) {
   if (getenv(env) == nullptr) ucp_config_modify(cfg, name, value);
 }
 
-kvb_ucx_ctx *Create(const char *net_devices, char *err, size_t errlen) {
-  auto *c = new kvb_ucx_ctx;
+kvb_ctx *Create(const char *net_devices, char *err, size_t errlen) {
+  auto *c = new kvb_ctx;
   ucp_config_t *cfg = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
   if (st != UCS_OK) {
@@ -260,7 +260,7 @@ kvb_ucx_ctx *Create(const char *net_devices, char *err, size_t errlen) {
   return c;
 }
 
-void Destroy(kvb_ucx_ctx *c) {
+void Destroy(kvb_ctx *c) {
   if (c == nullptr) return;
   c->stop.store(true);
   {
@@ -275,18 +275,22 @@ void Destroy(kvb_ucx_ctx *c) {
   delete c;
 }
 
-size_t Address(kvb_ucx_ctx *c, void *buf, size_t cap) {
+size_t Address(kvb_ctx *c, void *buf, size_t cap) {
   if (c->address_len <= cap) memcpy(buf, c->address, c->address_len);
   return c->address_len;
 }
 
-kvb_ucx_mem *MemMap(kvb_ucx_ctx *c, void *addr, size_t len, char *err, size_t errlen) {
+kvb_mem *MemMap(kvb_ctx *c, void *addr, size_t len, uint32_t kind, int32_t, char *err, size_t errlen) {
+  if (kind != KVB_MEM_HOST) {  // UCP could map CUDA memory with UCS_MEMORY_TYPE_CUDA; not built or tested here
+    if (err != nullptr && errlen != 0) snprintf(err, errlen, "this UCX plugin maps host memory only (kind %u)", kind);
+    return nullptr;
+  }
   ucp_mem_map_params_t p;
   memset(&p, 0, sizeof(p));
   p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   p.address = addr;
   p.length = len;
-  auto *m = new kvb_ucx_mem{c, nullptr};
+  auto *m = new kvb_mem{c, nullptr};
   ucs_status_t st = ucp_mem_map(c->context, &p, &m->memh);
   if (st != UCS_OK) {
     Say(err, errlen, "ucp_mem_map", st);
@@ -303,21 +307,21 @@ kvb_ucx_mem *MemMap(kvb_ucx_ctx *c, void *addr, size_t len, char *err, size_t er
   return m;
 }
 
-size_t MemRkey(kvb_ucx_mem *m, void *buf, size_t cap) {
+size_t MemRkey(kvb_mem *m, void *buf, size_t cap) {
   if (m->rkey_len <= cap) memcpy(buf, m->rkey, m->rkey_len);
   return m->rkey_len;
 }
 
-void MemUnmap(kvb_ucx_mem *m) {
+void MemUnmap(kvb_mem *m) {
   if (m == nullptr) return;
   ucp_rkey_buffer_release(m->rkey);
   ucp_mem_unmap(m->ctx->context, m->memh);
   delete m;
 }
 
-kvb_ucx_ep *Connect(kvb_ucx_ctx *c, const void *addr, size_t len, char *err, size_t errlen) {
+kvb_ep *Connect(kvb_ctx *c, const void *addr, size_t len, char *err, size_t errlen) {
   (void)len;  // the address is self-describing; its length was checked by the table decoder
-  auto *e = new kvb_ucx_ep;
+  auto *e = new kvb_ep;
   e->ctx = c;
   ucp_ep_params_t p;
   memset(&p, 0, sizeof(p));
@@ -338,15 +342,15 @@ kvb_ucx_ep *Connect(kvb_ucx_ctx *c, const void *addr, size_t len, char *err, siz
   return e;
 }
 
-kvb_ucx_rkey *RkeyUnpack(kvb_ucx_ep *e, const void *buf, size_t) {
+kvb_rkey *RkeyUnpack(kvb_ep *e, const void *buf, size_t) {
   std::shared_lock<std::shared_mutex> g(e->mu);
   if (e->closed) return nullptr;
   ucp_rkey_h h;
   if (ucp_ep_rkey_unpack(e->ep, buf, &h) != UCS_OK) return nullptr;
-  return new kvb_ucx_rkey{h};
+  return new kvb_rkey{h};
 }
 
-void RkeyDestroy(kvb_ucx_rkey *r) {
+void RkeyDestroy(kvb_rkey *r) {
   if (r == nullptr) return;
   ucp_rkey_destroy(r->rkey);
   delete r;
@@ -356,7 +360,7 @@ void RkeyDestroy(kvb_ucx_rkey *r) {
 // sleeps on the worker's event fd, so it wakes the caller rather than leave it to its poll timeout.
 // Only when a caller sleeps: a signal also wakes a progress thread asleep on the same fd.
 struct Flushed {
-  kvb_ucx_ctx *ctx;
+  kvb_ctx *ctx;
   std::atomic<bool> done{false};
 };
 
@@ -375,8 +379,8 @@ void FreeAll(std::vector<void *> *reqs, ucs_status_t *worst) {
   reqs->clear();
 }
 
-int Run(kvb_ucx_ep *e, kvb_ucx_rkey *const *rkeys, size_t nrkeys, kvb_ucx_mem *const *lmems, size_t nlmems,
-        const kvb_ucx_op *ops, size_t n, int get, int64_t deadline, int (*keep_going)(void *), void *arg, char *err,
+int Run(kvb_ep *e, kvb_rkey *const *rkeys, size_t nrkeys, kvb_mem *const *lmems, size_t nlmems,
+        const kvb_op *ops, size_t n, int get, int64_t deadline, int (*keep_going)(void *), void *arg, char *err,
         size_t errlen) {
   Waiter waiter(e->ctx);  // from the first post: posting large puts is most of the sending
   std::vector<void *> reqs;
@@ -387,19 +391,19 @@ int Run(kvb_ucx_ep *e, kvb_ucx_rkey *const *rkeys, size_t nrkeys, kvb_ucx_mem *c
     std::shared_lock<std::shared_mutex> g(e->mu);
     if (e->closed || e->failed.load()) {
       if (err != nullptr) snprintf(err, errlen, "the UCX endpoint has failed or was closed");
-      return KVB_UCX_FAILED;
+      return KVB_FAILED;
     }
     ucp_request_param_t p;
     memset(&p, 0, sizeof(p));
     for (size_t i = 0; i < n && st == UCS_OK; ++i) {
-      const kvb_ucx_op &o = ops[i];
-      if (o.rkey >= nrkeys || (o.lmem != KVB_UCX_NO_MEM && o.lmem >= nlmems)) {
+      const kvb_op &o = ops[i];
+      if (o.rkey >= nrkeys || (o.lmem != KVB_NO_MEM && o.lmem >= nlmems)) {
         st = UCS_ERR_INVALID_PARAM;
         break;
       }
       // one of many (a lane hint), and the local mapping when known (no registration lookup)
       p.op_attr_mask = UCP_OP_ATTR_FLAG_MULTI_SEND;
-      if (o.lmem != KVB_UCX_NO_MEM) {
+      if (o.lmem != KVB_NO_MEM) {
         p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
         p.memh = lmems[o.lmem]->memh;
       }
@@ -416,12 +420,12 @@ int Run(kvb_ucx_ep *e, kvb_ucx_rkey *const *rkeys, size_t nrkeys, kvb_ucx_mem *c
       flush = ucp_ep_flush_nbx(e->ep, &p);
     }
   }
-  int out = KVB_UCX_OK;
+  int out = KVB_OK;
   if (st != UCS_OK) {
-    out = KVB_UCX_FAILED;
+    out = KVB_FAILED;
     Say(err, errlen, get ? "ucp_get_nbx" : "ucp_put_nbx", st);
   } else if (UCS_PTR_IS_ERR(flush)) {
-    out = KVB_UCX_FAILED;
+    out = KVB_FAILED;
     Say(err, errlen, "ucp_ep_flush_nbx", UCS_PTR_STATUS(flush));
     flush = nullptr;
   } else if (flush != nullptr) {
@@ -429,51 +433,51 @@ int Run(kvb_ucx_ep *e, kvb_ucx_rkey *const *rkeys, size_t nrkeys, kvb_ucx_mem *c
     while ((st = ucp_request_check_status(flush)) == UCS_INPROGRESS) {
       const int64_t now = Now();
       if (now >= deadline) {
-        out = KVB_UCX_TIMEOUT;
+        out = KVB_TIMEOUT;
         break;
       }
       if (now >= next_check) {  // about every millisecond: the peer's state, the caller's say
         next_check = now + 1000000;
         if (e->failed.load()) {
-          out = KVB_UCX_FAILED;
+          out = KVB_FAILED;
           break;
         }
         if (keep_going != nullptr && !keep_going(arg)) {
-          out = KVB_UCX_ABORTED;
+          out = KVB_ABORTED;
           break;
         }
       }
       waiter.Step(now, flushed.done);
     }
-    if (out == KVB_UCX_OK && st != UCS_OK) {
-      out = KVB_UCX_FAILED;
+    if (out == KVB_OK && st != UCS_OK) {
+      out = KVB_FAILED;
       Say(err, errlen, "flush", st);
     }
   }
-  if (out != KVB_UCX_OK) ForceClose(e);  // completes (cancels) every outstanding request first
+  if (out != KVB_OK) ForceClose(e);  // completes (cancels) every outstanding request first
   if (flush != nullptr) {
-    if (out == KVB_UCX_OK && ucp_request_check_status(flush) != UCS_OK) out = KVB_UCX_FAILED;
+    if (out == KVB_OK && ucp_request_check_status(flush) != UCS_OK) out = KVB_FAILED;
     ucp_request_free(flush);
   }
   ucs_status_t worst = UCS_OK;
   FreeAll(&reqs, &worst);
-  if (out == KVB_UCX_OK && worst != UCS_OK) {
+  if (out == KVB_OK && worst != UCS_OK) {
     Say(err, errlen, "operation", worst);
     ForceClose(e);
-    out = KVB_UCX_FAILED;
+    out = KVB_FAILED;
   }
   return out;
 }
 
-void Close(kvb_ucx_ep *e) {
+void Close(kvb_ep *e) {
   if (e == nullptr) return;
   ForceClose(e);
   delete e;
 }
 
-const kvb_ucx_api kApi = {KVB_UCX_ABI_VERSION, Version, Create, Destroy, Address, MemMap, MemRkey, MemUnmap,
-                          Connect, RkeyUnpack, RkeyDestroy, Run, Close};
+const kvb_backend_api kApi = {KVB_BACKEND_ABI_VERSION, "ucx", 1u << KVB_MEM_HOST, Version, Create, Destroy,
+                             Address, MemMap, MemRkey, MemUnmap, Connect, RkeyUnpack, RkeyDestroy, Run, Close};
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const kvb_ucx_api *kvblocks_ucx_api(void) { return &kApi; }
+extern "C" __attribute__((visibility("default"))) const kvb_backend_api *kvblocks_backend_api(void) { return &kApi; }

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "common/util.h"
+#include "transport/registry.h"
 
 namespace kvblocks {
 
@@ -21,12 +22,10 @@ TableEntry CacheEntry::Describe() const {
   t.num_blocks = num_blocks;
   t.batch_size = batch_size;
   t.stride = stride;
-  if (region) {
-    t.has_memfd = true;
-    t.memfd = MemfdDesc{region->fd, region->ino, region->dev, region->size, pitch};
-  }
-  t.addrs = addrs;
+  t.mem = mem;
+  t.addrs = addrs;  // also hixl's address ranges (engine/ranges.cc), whatever reaches the cache
   t.batch_keys = batch_keys;
+  DescribeEverywhere(*this, &t);
   return t;
 }
 

@@ -13,12 +13,11 @@
 #include <vector>
 
 #include "cache/region.h"
+#include "common/mem_kind.h"
 #include "wire/table.h"
 #include "llm_datadist/llm_datadist.h"
 
 namespace kvblocks {
-
-struct UcxRegistration;
 
 struct CacheEntry {
   int64_t id = 0;
@@ -45,12 +44,14 @@ struct CacheEntry {
   // them down rather than waiting out a deadline the peer chose.
   std::mutex serving_mu;
   std::multiset<int> serving_fds;
-  // The UCX registration (transport/ucx_path.cc), made when first announced to a peer.
-  mutable std::mutex ucx_mu;
-  std::shared_ptr<UcxRegistration> ucx;
+  // Backends' registrations of this cache (a UCX mem_map, say), keyed by backend: made on first
+  // need, dropped by that backend's Unregister once peers stopped using the cache.
+  mutable std::mutex regs_mu;
+  std::map<const void *, std::shared_ptr<void>> regs;
+  MemRef mem;  // the kind of memory the tensors live in (host: the only kind registered today)
 
   uint8_t *tensor(uint32_t i) const { return reinterpret_cast<uint8_t *>(addrs[i]); }
-  TableEntry Describe() const;  // the entry peers see in the link-time table
+  TableEntry Describe() const;  // the entry peers see in the link-time table (every backend's part)
 };
 
 // Holds a cache for the duration of a transfer; `ok` is false once it has been unregistered, so a

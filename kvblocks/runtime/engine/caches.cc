@@ -7,7 +7,7 @@
 #include "common/error.h"
 #include "common/util.h"
 #include "engine/engine.h"
-#include "transport/ucx_path.h"
+#include "transport/registry.h"
 #include "wire/messages.h"
 
 namespace kvblocks {
@@ -137,7 +137,7 @@ Status Impl::RemoveCacheHeld(int64_t cache_id) {
   // Local transfers end by their own deadlines (at most one budget from now); serving threads
   // still at it when ours passes have their channels shut down.
   RetireCache(e.get(), deadline);
-  UcxForget(e.get());  // peers confirmed (CACHE_GONE) they stopped; the caller may free it now
+  UnregisterEverywhere(e.get());  // peers confirmed (CACHE_GONE) they stopped; the caller may free it now
   caches_.Take(cache_id);
   return LLM_SUCCESS;
 }

@@ -258,7 +258,7 @@ class Impl {
                  std::shared_ptr<struct RemoteCache> *out);
   void AnswerCacheQuery(struct Link *link, const std::string &payload);
   void OnCacheInfo(struct Link *link, const std::string &payload);
-  // links.cc: the UCX transport (transport/ucx_path.h)
+  // links.cc: the UCX backend's handshake phase (transport/ucx/ucx_path.h)
   std::shared_ptr<UcxContext> Ucx(int fd, std::string *why);  // this engine's worker, made on first need
   Status SendUcxInfo(int fd, const std::vector<TableEntry> &shown, bool refuse, int64_t deadline);
   bool RecvUcxInfo(int fd, struct Link *link, int64_t deadline, bool *announced, Status *st);

@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "link/link.h"
 #include "transport/path.h"
+#include "transport/registry.h"
 #include "wire/messages.h"
 
 namespace kvblocks {
@@ -190,7 +191,7 @@ void Impl::OnCacheInfo(struct Link *link, const std::string &payload) {
     e.ucx_rkeys.clear();
     e.ucx_key_of.clear();
     auto rc = std::make_shared<RemoteCache>(std::move(e));
-    rc->path = MakeTcpPath(link, info.cache_id);
+    rc->path = ServedPath(link, *rc);
     // A cache of the link-time table whose key was bound after linking is reached through that
     // table (by id); only caches it lacks are kept.
     if (link->caches.count(info.cache_id) == 0) link->AddLate(rc);

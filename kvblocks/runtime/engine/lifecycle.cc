@@ -20,8 +20,8 @@
 #include "engine/options.h"
 #include "net/socket.h"
 #include "net/tls.h"
+#include "transport/registry.h"
 #include "transport/select.h"
-#include "transport/ucx_path.h"
 
 namespace kvblocks {
 
@@ -159,7 +159,7 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
       return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use 0 or 1", OPTION_UCX_TRUSTED_NETWORK, v.c_str());
     ucx_trusted = v == "1";
   }
-  bool integrity = false;  // the caller's side decides; a peer that cannot check is refused (tcp_path.cc)
+  bool integrity = false;  // the caller's side decides; a peer that cannot check is refused (transport/tcp/)
   if (get(OPTION_INTEGRITY, &v)) {
     if (v != "none" && v != "crc32c")
       return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use none or crc32c", OPTION_INTEGRITY, v.c_str());
@@ -177,7 +177,7 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
                   "option %s=ucx needs %s=1: UCX's software RMA lets any host that reaches the worker read and "
                   "write this whole process; use it only on a network you trust",
                   OPTION_TRANSPORT, OPTION_UCX_TRUSTED_NETWORK);
-    if (!UcxAvailable(&why)) return Fail(LLM_PARAM_INVALID, "option %s=ucx: %s", OPTION_TRANSPORT, why.c_str());
+    if (!FindBackend(transport)->Available(&why)) return Fail(LLM_PARAM_INVALID, "option %s=ucx: %s", OPTION_TRANSPORT, why.c_str());
   }
   std::shared_ptr<TlsContext> tls;
   const Status tls_st = TlsOption(get, token, transport, ucx_trusted, &tls);

@@ -18,8 +18,9 @@
 #include "net/tls.h"
 #include "transport/beacon.h"
 #include "transport/local_peer.h"
+#include "transport/registry.h"
 #include "transport/select.h"
-#include "transport/ucx_path.h"
+#include "transport/ucx/ucx_path.h"
 
 namespace kvblocks {
 
@@ -84,7 +85,7 @@ bool RecvTyped(int fd, uint16_t type, int64_t deadline, FrameHeader *h, std::str
 }  // namespace
 
 void Impl::FillLinkInfo(LinkInfo *info) {
-  info->capabilities = OfferedCapabilities(transport_, ucx_trusted_ && !integrity_);
+  info->capabilities = OfferedCapabilities(OfferOptions{transport_, ucx_trusted_ && !integrity_});
   FillIdentity(instance_token_, &probe_value_, &info->identity);
   info->clock_ns = NowNs();
   info->caches = caches_.Describe();  // never with UCX descriptors: those go in UCX_INFO (SendUcxInfo)
@@ -173,7 +174,7 @@ std::shared_ptr<struct Link> Impl::NewLink(uint64_t remote_cluster_id, LinkInfo 
   link->remote_cluster_id = remote_cluster_id;
   link->stats = stats_.Peer(remote_cluster_id);
   link->peer = info->identity;
-  link->capabilities = info->capabilities & OfferedCapabilities(transport_, ucx_trusted_ && !integrity_);
+  link->capabilities = info->capabilities & OfferedCapabilities(OfferOptions{transport_, ucx_trusted_ && !integrity_});
   link->integrity = integrity_;
   for (TableEntry &e : info->caches) link->caches.emplace(e.id, RemoteCache(std::move(e)));
   std::vector<TableEntry>().swap(info->caches);

@@ -505,10 +505,7 @@ const void *Impl::PipelineKey(const Transfer *t, bool pull) { return t->remote->
 std::shared_ptr<void> Impl::LinkOf(const Transfer *t) { return t->link; }
 
 namespace {
-bool OneSided(const Transfer *t) {
-  const char *n = t->remote->path->name();
-  return strcmp(n, "inprocess") == 0 || strcmp(n, "shm") == 0 || strcmp(n, "cma") == 0;
-}
+bool OneSided(const Transfer *t) { return t->remote->path->mode() == PathMode::kLocalCopy; }
 }  // namespace
 
 // A one-sided copy small enough that the worker running it is soon free again.

@@ -202,18 +202,6 @@ bool Link::Shown(int64_t id) {
   return late_shown.count(id) != 0;
 }
 
-const char *Link::PathName() const {
-  if (ucx && !one_sided) return "ucx";
-  if (!one_sided) return "tcp";
-  if (same_process) return "inprocess";
-  bool any_cma = false, any_shm = false;
-  for (const auto &kv : caches) {
-    const char *n = kv.second.path->name();
-    any_cma |= strcmp(n, "cma") == 0;
-    any_shm |= strcmp(n, "shm") == 0;
-  }
-  if (any_cma) return any_shm ? "shm+cma" : "cma";
-  return "shm";
-}
+std::string Link::PathName() const { return DescribePaths(*this); }
 
 }  // namespace kvblocks

@@ -21,13 +21,12 @@
 #include "metrics/stats.h"
 #include "transport/local_peer.h"
 #include "transport/path.h"
+#include "transport/registry.h"
 #include "wire/messages.h"
 
 namespace kvblocks {
 
 // The peer's cache as seen through a link.
-class UcxPeer;
-
 struct RemoteCache : TableEntry {
   // Shared by copies of this entry. Transfers hold `mu` shared; the peer's CACHE_GONE takes it
   // exclusively and sets `gone` before it is acknowledged, so no one-sided copy touches memory
@@ -69,8 +68,9 @@ struct Link {
   bool integrity = false;     // kvblocks.Integrity=crc32c on our side: our TCP requests carry CRC32C
   bool same_process = false;  // verified: the peer proved it is an engine of this process
   bool same_host = false;     // verified: same_process or local.pid
-  bool one_sided = false;  // some cache is reached without the peer (memcpy, CMA)
-  std::shared_ptr<UcxPeer> ucx;  // the UCP endpoint when some cache is reached over UCX
+  // The backends that may reach the peer, most preferred first, each with its state for this peer
+  // (transport/registry.h); set by ChoosePaths (and AttachLater) before the link is registered.
+  std::vector<Attached> attached;
   std::map<int64_t, RemoteCache> caches;  // immutable once the link is registered: read without locks
   std::set<int64_t> shown;  // our cache ids in the table the peer got (set before the link is used)
   // Caches the peer registered after linking, learned one at a time on first use (CACHE_QUERY,
@@ -135,7 +135,7 @@ struct Link {
   void ReleaseChannel(int fd, bool reusable);
   void AddRequesterChannel(int fd);  // a reverse channel the opener opened for us (already counted)
   void ReverseRefused();             // the opener will not open one we asked for
-  const char *PathName() const;      // "inprocess", "shm", "cma", "shm+cma" or "tcp"
+  std::string PathName() const;      // DescribePaths: "inprocess", "shm", "cma", "shm+cma", "ucx" or "tcp"
   ~Link();
 };
 

@@ -48,7 +48,7 @@ std::vector<std::shared_ptr<Link>> LinkRegistry::SameHostAlive() const {
   std::lock_guard<std::mutex> g(mu_);
   std::vector<std::shared_ptr<Link>> out;
   for (const auto &kv : links_)
-    if (kv.second->alive.load() && (kv.second->same_host || kv.second->ucx)) out.push_back(kv.second);
+    if (kv.second->alive.load() && OneSidedPeer(*kv.second)) out.push_back(kv.second);
   return out;
 }
 

@@ -41,6 +41,7 @@ class MemoryPath : public Path {
   MemoryPath(const char *name, std::vector<uint8_t *> remote, std::shared_ptr<SharedRegion> keep)
       : name_(name), remote_(std::move(remote)), keep_(std::move(keep)) {}
   const char *name() const override { return name_; }
+  PathMode mode() const override { return PathMode::kLocalCopy; }
   Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
     uint8_t *const *loc = reinterpret_cast<uint8_t *const *>(local.addrs.data());
     return pull ? CopyPlan(plan, remote_.data(), loc, deadline) : CopyPlan(plan, loc, remote_.data(), deadline);

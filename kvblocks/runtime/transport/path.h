@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The transport interface: a Path moves a Plan's bytes between one local cache and one remote
-// cache before a deadline. One Path is chosen per remote cache at link time (transport/select.cc);
-// a new data path is one more implementation plus one capability bit in the handshake.
+// cache before a deadline. Backends make them (transport/backend.h); one is chosen per remote cache
+// at link time (transport/registry.h).
 #ifndef KVBLOCKS_RUNTIME_TRANSPORT_PATH_H_
 #define KVBLOCKS_RUNTIME_TRANSPORT_PATH_H_
 
@@ -18,6 +18,14 @@ namespace kvblocks {
 
 struct Link;
 class Path;
+class Backend;
+
+// What a path is, so callers decide by type and never by name.
+enum class PathMode : uint8_t {
+  kLocalCopy,  // this thread copies the bytes itself (memcpy, process_vm_*): no peer, no network
+  kRemoteDma,  // one-sided over a network (RDMA get/put): the peer's CPU takes no part
+  kServed,     // requests the peer serves from its own table (TCP)
+};
 
 // One transfer of a pipelined run (Path::ExecutePipelined): the arguments of Path::Execute.
 struct PipeItem {
@@ -42,7 +50,9 @@ class PipeFeed {
 class Path {
  public:
   virtual ~Path() = default;
-  virtual const char *name() const = 0;  // "inprocess", "shm", "cma", "tcp"
+  virtual const char *name() const = 0;  // its backend's: logs and metrics labels only
+  virtual PathMode mode() const = 0;
+  const Backend *owner = nullptr;  // the backend that made it (set by the registry)
   // pull: remote -> local, else local -> remote. Returns LLM_TIMEOUT when the deadline passes first;
   // once it returns, no byte of the destination changes.
   virtual llm_datadist::Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) = 0;
@@ -58,16 +68,12 @@ class Path {
 // mapped here. `keep` holds the mapping.
 std::unique_ptr<Path> MakeMemoryPath(const char *name, std::vector<uint8_t *> remote_tensors,
                                      std::shared_ptr<SharedRegion> keep);
-// process_vm_readv/writev on a same-host peer's registered memory.
-std::unique_ptr<Path> MakeCmaPath(int pid, std::vector<uint64_t> remote_tensors);
-// Requests over the link's data channels, served by the peer (transport/tcp_serve.cc).
-std::unique_ptr<Path> MakeTcpPath(Link *link, int64_t remote_cache_id);
 
 // memcpy of a plan between two tensor tables of this process (also CopyKvBlocks/CopyKvCache).
 llm_datadist::Status CopyPlan(const Plan &plan, uint8_t *const *src, uint8_t *const *dst, int64_t deadline);
 
-// Serves the peer's requests on one data channel until it closes; checks every request against
-// this process's own cache table.
+// The served backend's other half: serves the peer's requests on one data channel until it closes;
+// checks every request against this process's own cache table.
 void ServeChannel(int fd, Link *link, const CacheRegistry &caches);
 
 }  // namespace kvblocks

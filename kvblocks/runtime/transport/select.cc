@@ -3,7 +3,6 @@
 
 #include <pthread.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -19,7 +18,6 @@
 #include "transport/beacon.h"
 #include "transport/local_peer.h"
 #include "transport/path.h"
-#include "transport/ucx_path.h"
 
 namespace kvblocks {
 
@@ -51,15 +49,6 @@ void ReadBootId(uint8_t out[16]) {
   }
 }
 
-// Cross-memory attach needs ptrace permission on the peer; probe it on a known cookie. `pid` is the
-// kernel's (SO_PEERCRED); the cookie's address is the peer's word, harmless to read in its own memory.
-bool CanAttach(int pid, const PeerIdentity &peer) {
-  uint64_t got = 0;
-  iovec l{&got, sizeof(got)};
-  iovec r{reinterpret_cast<void *>(peer.probe_addr), sizeof(got)};
-  return process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0) == sizeof(got) && got == peer.probe_value;
-}
-
 // Checks the peer is still there before and after every one-sided copy: a copy through a dead
 // peer's mapping never reports success. With `pidfd` (CMA, which addresses the peer by pid: a pid
 // can be reused) each check polls the pidfd. A shared-memory copy reads the peer's beacon instead
@@ -71,6 +60,7 @@ class GuardedPath : public Path {
   GuardedPath(std::shared_ptr<Path> inner, Link *link, bool pidfd)
       : inner_(std::move(inner)), link_(link), pidfd_(pidfd) {}
   const char *name() const override { return inner_->name(); }
+  PathMode mode() const override { return inner_->mode(); }
   Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
     if (!PeerAlive(link_, pidfd_)) {
       link_->Fail();
@@ -91,37 +81,6 @@ class GuardedPath : public Path {
   Link *link_;  // owns this path
   bool pidfd_;
 };
-
-std::shared_ptr<Path> Guarded(std::shared_ptr<Path> p, Link *link, bool pidfd) {
-  return std::make_shared<GuardedPath>(std::move(p), link, pidfd);
-}
-
-std::shared_ptr<Path> PathFor(Link *link, const RemoteCache &rc, bool cma_ok) {
-  const uint64_t caps = link->capabilities;
-  if (link->same_process) {
-    // The peer proved it is an engine of this process, over bytes that include this table.
-    if ((caps & kCapInProcess) && !rc.addrs.empty()) {
-      std::vector<uint8_t *> view;
-      for (uint64_t a : rc.addrs) view.push_back(reinterpret_cast<uint8_t *>(a));
-      return Guarded(MakeMemoryPath("inprocess", std::move(view), nullptr), link, false);
-    }
-    return MakeTcpPath(link, rc.id);
-  }
-  auto fd = link->local.memfds.find(rc.id);
-  if (rc.has_memfd && (caps & kCapSharedMemory) && fd != link->local.memfds.end()) {
-    // Every tensor lies inside region_size (DecodeTable), and the received memfd is at least that
-    // long and sealed against shrinking: no copy can leave the mapping.
-    auto mapped = SharedRegion::MapReceived(fd->second, rc.memfd.region_size);
-    fd->second = -1;  // owned by `mapped` now
-    if (mapped) {
-      std::vector<uint8_t *> view;
-      for (uint32_t i = 0; i < rc.num_tensors; ++i) view.push_back(mapped->base + i * rc.memfd.pitch);
-      return Guarded(MakeMemoryPath("shm", std::move(view), std::move(mapped)), link, false);
-    }
-  }
-  if (cma_ok && (caps & kCapCma) && !rc.addrs.empty()) return Guarded(MakeCmaPath(link->local.pid, rc.addrs), link, true);
-  return MakeTcpPath(link, rc.id);
-}
 
 uint8_t g_secret[32];
 void NewSecret() { RandomBytes(g_secret, sizeof(g_secret)); }
@@ -176,16 +135,6 @@ bool PeerAlive(const Link *link, bool pidfd) {
   return !ProcessExited(link->local.pidfd);
 }
 
-uint64_t OfferedCapabilities(const std::string &transport, bool ucx_trusted) {
-  constexpr uint64_t kServed = kCapTcp | kCapCacheQuery | kCapKeyQuery | kCapCrc32c;  // no one-sided path
-  if (transport == "tcp") return kServed;
-  if (transport == "ucx") return kServed | kCapUcx;  // only when trusted
-  // auto offers UCX (for peers on other hosts) only on a trusted network and when the plugin loads;
-  // loading it is its first use.
-  const uint64_t ucx = transport == "auto" && ucx_trusted && UcxAvailable() ? uint64_t{kCapUcx} : 0;
-  return kServed | kCapSharedMemory | kCapCma | kCapInProcess | ucx;
-}
-
 void FillIdentity(uint64_t instance, const uint64_t *probe, PeerIdentity *id) {
   ReadBootId(id->boot_id);
   struct stat st;
@@ -205,23 +154,16 @@ void UnregisterInstance(uint64_t instance) {
   g_instances.erase(instance);
 }
 
-void ChoosePaths(Link *link) {
+void VerifyPeer(Link *link) {
   // Only verified facts: the in-process proof (same_process, set by the caller) or a kernel-verified
   // pid from the local exchange. What the peer says about its identity plays no part.
   if (link->same_process && !IsLocalInstance(link->peer.instance)) link->same_process = false;
   link->same_host = link->same_process || link->local.pid > 0;
-  const bool one_sided = link->same_host && (link->capabilities & ~uint64_t{kCapTcp | kCapCacheQuery | kCapKeyQuery | kCapCrc32c}) != 0;
-  const bool cma_ok = one_sided && !link->same_process && CanAttach(link->local.pid, link->peer);
   link->local.TakeBeacon();
-  link->one_sided = one_sided;
-  for (auto &kv : link->caches) {
-    if (!one_sided) {
-      kv.second.path = MakeTcpPath(link, kv.second.id);
-      continue;
-    }
-    kv.second.path = PathFor(link, kv.second, cma_ok);
-  }
-  link->local.Release();  // memfds of caches we did not map
+}
+
+std::shared_ptr<Path> Guarded(std::shared_ptr<Path> p, Link *link, bool pidfd) {
+  return std::make_shared<GuardedPath>(std::move(p), link, pidfd);
 }
 
 }  // namespace kvblocks

@@ -1,21 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-// Which path reaches each of a peer's caches: decided once per link from the capabilities both
-// sides offer and from what this process can verify about the peer.
+// What this process can verify about a peer (its identity, the in-process proof, its liveness);
+// the backends attach from these facts (transport/registry.h).
 #ifndef KVBLOCKS_RUNTIME_TRANSPORT_SELECT_H_
 #define KVBLOCKS_RUNTIME_TRANSPORT_SELECT_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "transport/path.h"
 #include "wire/messages.h"
 
 namespace kvblocks {
 
 struct Link;
 
-// Capabilities this engine offers under kvblocks.Transport (auto | shm | tcp | ucx); UCX only with
-// kvblocks.UcxTrustedNetwork=1 (`ucx_trusted`).
-uint64_t OfferedCapabilities(const std::string &transport, bool ucx_trusted);
 // This process's identity for the handshake; `instance` and `probe` belong to the engine.
 void FillIdentity(uint64_t instance, const uint64_t *probe, PeerIdentity *id);
 // Engines of this process, so a same-process peer is recognised.
@@ -29,12 +28,14 @@ bool FromThisProcess(uint8_t role, const uint8_t *client_nonce, const uint8_t *s
                      const std::string &payload);
 // The peer's claimed boot id and network namespace match ours: worth trying the local exchange.
 bool SameHostHint(const PeerIdentity &me, const PeerIdentity &peer);
-// Sets link->same_host/one_sided and a Path on every remote cache from link->same_process (the
-// verified in-process proof) and link->local (the kernel-verified local exchange).
-void ChoosePaths(Link *link);
+// Settles link->same_process (the proof, and the engine still here) and link->same_host (that, or
+// the local exchange's kernel-verified pid) before any backend attaches; maps the peer's beacon.
+void VerifyPeer(Link *link);
 // The link is up and the peer still exists: its engine in this process; its process by its beacon
 // (without `pidfd`, when it sent one) or by polling its pidfd.
 bool PeerAlive(const Link *link, bool pidfd);
+// `p`, checking the peer is alive before and after every copy (for paths that never involve it).
+std::shared_ptr<Path> Guarded(std::shared_ptr<Path> p, Link *link, bool pidfd);
 
 }  // namespace kvblocks
 

@@ -75,7 +75,7 @@ enum Capability : uint64_t {
   // 1 << 4: retired (UCX descriptors in the cache table, shown to every linked peer); never offered.
   kCapCacheQuery = 1 << 5,    // answers CACHE_QUERY (a cache registered after linking); not a path
   kCapKeyQuery = 1 << 6,      // answers CACHE_QUERY by cache key and by batch key too; not a path
-  kCapUcx = 1 << 7,           // UCP get/put; worker address and rkeys in UCX_INFO after CONFIRM (ucx_path.cc)
+  kCapUcx = 1 << 7,           // UCP get/put; worker address and rkeys in UCX_INFO after CONFIRM (transport/ucx/)
   kCapCrc32c = 1 << 8,        // serves and checks data requests with kFlagCrc32c; not a path
 };
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mem_kind.h"
 #include "kvblocks/ext.h"
 
 namespace kvblocks {
@@ -35,6 +36,9 @@ struct TableEntry {
   int64_t key = -1;
   uint32_t num_tensors = 0;
   uint64_t tensor_bytes = 0, num_blocks = 0, batch_size = 0, stride = 0;
+  // Not on the wire yet: every peer's cache is host memory until a backend serves another kind (its
+  // descriptor kind will carry it; a peer that does not know it skips it and stays on host paths).
+  MemRef mem;
   bool has_memfd = false;
   MemfdDesc memfd;
   std::vector<uint64_t> addrs;  // empty when not announced

@@ -8,6 +8,7 @@
 
 #include "common/limits.h"
 #include "common/util.h"
+#include "transport/cma/cma_path.h"
 #include "transport/path.h"
 #include "transport/copy_pool.h"
 
@@ -54,6 +55,7 @@ class CmaPath : public Path {
  public:
   CmaPath(int pid, std::vector<uint64_t> remote) : pid_(pid), remote_(std::move(remote)) {}
   const char *name() const override { return "cma"; }
+  PathMode mode() const override { return PathMode::kLocalCopy; }
   Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
     const Chunking chunks(plan, kDeadlineCheckBytes);
     auto one = [&](size_t c) {

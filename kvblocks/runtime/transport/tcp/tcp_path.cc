@@ -20,6 +20,7 @@
 #include "net/socket.h"
 #include "transport/checked.h"
 #include "transport/path.h"
+#include "transport/tcp/tcp_path.h"
 
 namespace kvblocks {
 
@@ -111,6 +112,7 @@ class TcpPath : public Path {
  public:
   TcpPath(Link *link, int64_t cache_id) : link_(link), cache_id_(cache_id) {}
   const char *name() const override { return "tcp"; }
+  PathMode mode() const override { return PathMode::kServed; }
   Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override;
   const void *PipelineKey(const Plan &plan, bool pull) const override;
   void ExecutePipelined(PipeFeed *feed) override;
@@ -450,11 +452,6 @@ void TcpPath::ExecutePipelined(PipeFeed *feed) {
 }
 
 }  // namespace
-
-void Path::ExecutePipelined(PipeFeed *feed) {
-  PipeItem it;
-  while (feed->Next(&it)) feed->Done(it, Execute(*it.plan, *it.local, it.pull, it.deadline));
-}
 
 std::unique_ptr<Path> MakeTcpPath(Link *link, int64_t remote_cache_id) {
   return std::unique_ptr<Path>(new TcpPath(link, remote_cache_id));

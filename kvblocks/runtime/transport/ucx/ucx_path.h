@@ -34,15 +34,14 @@ std::shared_ptr<UcxContext> MakeUcxContext(const std::string &devices, std::stri
 // Registers `cache` with the worker (once; the registration lives as long as the cache, or until
 // UcxForget) and adds its UCX descriptor (worker address, rkeys) to `entry`, for UCX_INFO only.
 void UcxAnnounce(const std::shared_ptr<UcxContext> &ctx, CacheEntry *cache, TableEntry *entry);
-// Drops the registration of an unregistered cache (ucp_mem_unmap).
-void UcxForget(CacheEntry *cache);
 
 // Gives the link's caches the descriptors of the peer's UCX_INFO. False (nothing taken) when one
 // names a cache the link-time table lacks, or does not match its tensors.
 bool UcxTake(const struct UcxInfo &info, Link *link);
 
-// Connects to the peer's worker and gives every remote cache with a UCX descriptor a UCX path:
-// all of them when `force`, else those still on TCP. Sets link->ucx. Returns false (and why) when
+// Connects to the peer's worker and attaches the UCX backend to the link (AttachLater): every
+// remote cache with a UCX descriptor gets a UCX path, all of them when `force`, else those still
+// on a served path. Returns false (and why) when
 // no endpoint could be made.
 bool UcxAttach(const std::shared_ptr<UcxContext> &ctx, Link *link, bool force, std::string *why);
 

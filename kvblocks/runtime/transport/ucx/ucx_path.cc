@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The UCX transport, runtime side (see ucx_path.h). Everything UCX lives in the plugin, loaded with
-// dlopen() here on first need; this file only speaks the plain-C interface of ucx_abi.h.
-#include "transport/ucx_path.h"
+// dlopen() here on first need (transport/plugin.h); this file only speaks the plain-C backend ABI
+// (transport/backend_abi.h).
+#include "transport/ucx/ucx_path.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -20,8 +21,11 @@
 #include "common/error.h"
 #include "common/util.h"
 #include "link/link.h"
+#include "transport/backend.h"
+#include "transport/backend_abi.h"
 #include "transport/path.h"
-#include "transport/ucx_abi.h"
+#include "transport/plugin.h"
+#include "transport/registry.h"
 #include "wire/messages.h"
 
 namespace kvblocks {
@@ -31,18 +35,11 @@ using namespace llm_datadist;  // NOLINT: status constants
 namespace {
 
 std::once_flag g_load_once;
-const kvb_ucx_api *g_api = nullptr;
+const kvb_backend_api *g_api = nullptr;
 std::string g_why;
 
 // The plugin beside this library: site-packages/kvblocks/ -> site-packages/kvblocks_ucx/.
-std::string DefaultPluginPath() {
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void *>(&DefaultPluginPath), &info) == 0 || info.dli_fname == nullptr) return "";
-  std::string dir = info.dli_fname;
-  const size_t slash = dir.rfind('/');
-  dir = slash == std::string::npos ? std::string(".") : dir.substr(0, slash);
-  return dir + "/../kvblocks_ucx/libkvblocks_ucx.so";
-}
+std::string DefaultPluginPath() { return RuntimeDir() + "/../kvblocks_ucx/libkvblocks_ucx.so"; }
 
 // KVBLOCKS_UCX_LIBDIR: a UCX installation (a system one with verbs, say) whose libraries are loaded
 // first, so the plugin binds to them instead of the libucx-cu12 wheel's.
@@ -72,21 +69,17 @@ void Load() {
     LogWarn("UCX transport not loaded: %s", g_why.c_str());
     return;
   }
-  void *h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (h == nullptr) {
-    const char *e = dlerror();
-    g_why = std::string("cannot load the UCX plugin (install kvblocks-ucx: pip install ./ucx in a checkout): ") +
-            (e != nullptr ? e : path.c_str());
+  bool present = false;
+  const kvb_backend_api *api = LoadBackendPlugin(path, "ucx", &g_why, &present);
+  if (api == nullptr) {
     // An absent extra is the normal case (auto stays on kvblocks' own paths); a broken one is not.
-    if (access(path.c_str(), F_OK) == 0) LogWarn("UCX transport not loaded: %s", g_why.c_str());
-    else LogInfo("UCX transport not loaded: %s", g_why.c_str());
-    return;
-  }
-  auto entry = reinterpret_cast<kvb_ucx_entry_fn>(dlsym(h, KVB_UCX_ENTRY));
-  const kvb_ucx_api *api = entry != nullptr ? entry() : nullptr;
-  if (api == nullptr || api->abi != KVB_UCX_ABI_VERSION) {
-    g_why = path + ": not a kvblocks UCX plugin of this version (reinstall kvblocks-ucx from ucx/)";
-    LogWarn("UCX transport not loaded: %s", g_why.c_str());
+    if (!present) {
+      g_why = "cannot load the UCX plugin (install kvblocks-ucx: pip install ./ucx in a checkout): " + g_why;
+      LogInfo("UCX transport not loaded: %s", g_why.c_str());
+    } else {
+      if (g_why.find("not a kvblocks") != std::string::npos) g_why += " (reinstall kvblocks-ucx from ucx/)";
+      LogWarn("UCX transport not loaded: %s", g_why.c_str());
+    }
     return;
   }
   g_api = api;
@@ -95,7 +88,7 @@ void Load() {
     LogWarn("UCX_RNDV_THRESH is ignored: zero-copy puts crash UCX when a timed-out endpoint is closed");
 }
 
-const kvb_ucx_api *Api() {
+const kvb_backend_api *Api() {
   std::call_once(g_load_once, Load);
   return g_api;
 }
@@ -105,26 +98,26 @@ const kvb_ucx_api *Api() {
 // ------------------------------------------------------------------ context, registrations
 class UcxContext {
  public:
-  explicit UcxContext(kvb_ucx_ctx *c) : c_(c) {
+  explicit UcxContext(kvb_ctx *c) : c_(c) {
     address_.resize(Api()->address(c_, nullptr, 0));
     Api()->address(c_, &address_[0], address_.size());
   }
   ~UcxContext() { Api()->destroy(c_); }
-  kvb_ucx_ctx *get() const { return c_; }
+  kvb_ctx *get() const { return c_; }
   const std::string &address() const { return address_; }
 
  private:
-  kvb_ucx_ctx *c_;
+  kvb_ctx *c_;
   std::string address_;
 };
 
 struct UcxRegistration {
   std::shared_ptr<UcxContext> ctx;  // outlives every mapping made on it
-  std::vector<kvb_ucx_mem *> mems;
+  std::vector<kvb_mem *> mems;
   std::vector<std::string> rkeys;
   std::vector<uint32_t> key_of;  // per tensor
   ~UcxRegistration() {
-    for (kvb_ucx_mem *m : mems) Api()->mem_unmap(m);
+    for (kvb_mem *m : mems) Api()->mem_unmap(m);
   }
 };
 
@@ -186,7 +179,7 @@ std::shared_ptr<UcxContext> MakeUcxContext(const std::string &devices, std::stri
   if (!UcxAvailable(why)) return nullptr;
   char err[256] = {};
   if (getenv("UCX_NET_DEVICES") != nullptr) LogWarn("UCX_NET_DEVICES is ignored: the worker uses %s", devices.c_str());
-  kvb_ucx_ctx *c = Api()->create(devices.c_str(), err, sizeof(err));
+  kvb_ctx *c = Api()->create(devices.c_str(), err, sizeof(err));
   if (c == nullptr) {
     *why = std::string("UCX set-up failed: ") + err;
     LogWarn("%s", why->c_str());
@@ -197,7 +190,7 @@ std::shared_ptr<UcxContext> MakeUcxContext(const std::string &devices, std::stri
 
 namespace {
 
-std::string PackedRkey(kvb_ucx_mem *m) {
+std::string PackedRkey(kvb_mem *m) {
   std::string s(Api()->mem_rkey(m, nullptr, 0), '\0');
   Api()->mem_rkey(m, &s[0], s.size());
   return s;
@@ -209,7 +202,8 @@ std::shared_ptr<UcxRegistration> Register(const std::shared_ptr<UcxContext> &ctx
   r->ctx = ctx;
   char err[256] = {};
   auto map = [&](void *addr, size_t len) {
-    kvb_ucx_mem *m = Api()->mem_map(ctx->get(), addr, len, err, sizeof(err));
+    kvb_mem *m = Api()->mem_map(ctx->get(), addr, len, static_cast<uint32_t>(e.mem.kind), e.mem.device, err,
+                                 sizeof(err));
     if (m == nullptr) return false;
     r->mems.push_back(m);
     r->rkeys.push_back(PackedRkey(m));
@@ -230,12 +224,15 @@ std::shared_ptr<UcxRegistration> Register(const std::shared_ptr<UcxContext> &ctx
 
 }  // namespace
 
+Backend *UcxBackend();
+
 void UcxAnnounce(const std::shared_ptr<UcxContext> &ctx, CacheEntry *cache, TableEntry *entry) {
   std::shared_ptr<UcxRegistration> r;
   {
-    std::lock_guard<std::mutex> g(cache->ucx_mu);
-    if (!cache->ucx && !cache->closing.load()) cache->ucx = Register(ctx, *cache);
-    r = cache->ucx;
+    std::lock_guard<std::mutex> g(cache->regs_mu);
+    std::shared_ptr<void> &slot = cache->regs[UcxBackend()];
+    if (!slot && !cache->closing.load()) slot = Register(ctx, *cache);
+    r = std::static_pointer_cast<UcxRegistration>(slot);
   }
   if (!r || r->ctx != ctx || entry->addrs.empty()) return;
   entry->ucx_worker = ctx->address();
@@ -243,25 +240,32 @@ void UcxAnnounce(const std::shared_ptr<UcxContext> &ctx, CacheEntry *cache, Tabl
   entry->ucx_key_of = r->key_of;
 }
 
-void UcxForget(CacheEntry *cache) {
-  std::shared_ptr<UcxRegistration> r;
-  {
-    std::lock_guard<std::mutex> g(cache->ucx_mu);
-    r.swap(cache->ucx);
-  }
+namespace {
+void Forget(CacheEntry *cache) {
+  std::shared_ptr<void> r;  // unmapped here, outside the lock
+  std::lock_guard<std::mutex> g(cache->regs_mu);
+  auto it = cache->regs.find(UcxBackend());
+  if (it == cache->regs.end()) return;
+  r.swap(it->second);
+  cache->regs.erase(it);
 }
+}  // namespace
 
 // ------------------------------------------------------------------ endpoint, path
-class UcxPeer {
+// The endpoint to one peer's worker: the backend's state on that link.
+class UcxPeer : public PeerState, public std::enable_shared_from_this<UcxPeer> {
  public:
-  UcxPeer(std::shared_ptr<UcxContext> ctx, kvb_ucx_ep *ep) : ctx_(std::move(ctx)), ep_(ep) {}
-  ~UcxPeer() { Api()->close(ep_); }
-  kvb_ucx_ep *ep() const { return ep_; }
+  UcxPeer(std::shared_ptr<UcxContext> ctx, kvb_ep *ep, std::string worker)
+      : ctx_(std::move(ctx)), ep_(ep), worker_(std::move(worker)) {}
+  ~UcxPeer() override { Api()->close(ep_); }
+  kvb_ep *ep() const { return ep_; }
   const std::shared_ptr<UcxContext> &ctx() const { return ctx_; }
+  const std::string &worker() const { return worker_; }
 
  private:
   std::shared_ptr<UcxContext> ctx_;
-  kvb_ucx_ep *ep_;
+  kvb_ep *ep_;
+  std::string worker_;  // the peer's worker address the endpoint reaches
 };
 
 namespace {
@@ -270,61 +274,64 @@ int LinkUp(void *link) { return static_cast<Link *>(link)->alive.load() ? 1 : 0;
 
 class UcxPath : public Path {
  public:
-  UcxPath(std::shared_ptr<UcxPeer> peer, Link *link, std::vector<kvb_ucx_rkey *> rkeys, const RemoteCache &rc)
+  UcxPath(std::shared_ptr<UcxPeer> peer, Link *link, std::vector<kvb_rkey *> rkeys, const RemoteCache &rc)
       : peer_(std::move(peer)), link_(link), rkeys_(std::move(rkeys)), remote_(rc.addrs), key_of_(rc.ucx_key_of) {}
   ~UcxPath() override {
-    for (kvb_ucx_rkey *k : rkeys_) Api()->rkey_destroy(k);
+    for (kvb_rkey *k : rkeys_) Api()->rkey_destroy(k);
   }
   const char *name() const override { return "ucx"; }
+  PathMode mode() const override { return PathMode::kRemoteDma; }
 
   // One operation per merged run of each tensor pair; the ranges were checked against both
   // tables (engine/transfer.cc) before this is called.
   Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
     const std::shared_ptr<UcxRegistration> mine = LocalMappings(local);  // held: mapped until we return
-    std::vector<kvb_ucx_op> ops;
+    std::vector<kvb_op> ops;
     ops.reserve(plan.src_tensors.size() * plan.segs.size());
     for (size_t i = 0; i < plan.src_tensors.size(); ++i) {
       const uint32_t lt = pull ? plan.dst_tensors[i] : plan.src_tensors[i];
       const uint32_t rt = pull ? plan.src_tensors[i] : plan.dst_tensors[i];
-      const uint32_t lmem = mine ? mine->key_of[lt] : KVB_UCX_NO_MEM;
+      const uint32_t lmem = mine ? mine->key_of[lt] : KVB_NO_MEM;
       for (const Segment &g : plan.segs) {
         const uint64_t loff = pull ? g.dst_off : g.src_off, roff = pull ? g.src_off : g.dst_off;
-        ops.push_back(kvb_ucx_op{local.addrs[lt] + loff, remote_[rt] + roff, g.len, key_of_[rt], lmem});
+        ops.push_back(kvb_op{local.addrs[lt] + loff, remote_[rt] + roff, g.len, key_of_[rt], lmem});
       }
     }
     char err[256] = {};
-    kvb_ucx_mem *const *lmems = mine ? mine->mems.data() : nullptr;
+    kvb_mem *const *lmems = mine ? mine->mems.data() : nullptr;
     const int r = Api()->run(peer_->ep(), rkeys_.data(), rkeys_.size(), lmems, mine ? mine->mems.size() : 0, ops.data(),
                              ops.size(), pull ? 1 : 0, deadline, LinkUp, link_, err, sizeof(err));
-    if (r == KVB_UCX_OK) return LLM_SUCCESS;
-    if (r == KVB_UCX_TIMEOUT) return LLM_TIMEOUT;
+    if (r == KVB_OK) return LLM_SUCCESS;
+    if (r == KVB_TIMEOUT) return LLM_TIMEOUT;
     return Fail(LLM_LINK_FAILED, "UCX %s to cluster %llu failed: %s", pull ? "get" : "put",
                 static_cast<unsigned long long>(link_->remote_cluster_id),
-                r == KVB_UCX_ABORTED ? "the link went down" : err);
+                r == KVB_ABORTED ? "the link went down" : err);
   }
 
  private:
   // The local cache's mappings on this path's context, when it has been announced (else UCX finds
   // or makes its own).
   std::shared_ptr<UcxRegistration> LocalMappings(const CacheEntry &local) const {
-    std::lock_guard<std::mutex> g(local.ucx_mu);
-    return local.ucx && local.ucx->ctx == peer_->ctx() ? local.ucx : nullptr;
+    std::lock_guard<std::mutex> g(local.regs_mu);
+    auto it = local.regs.find(UcxBackend());
+    auto r = it == local.regs.end() ? nullptr : std::static_pointer_cast<UcxRegistration>(it->second);
+    return r && r->ctx == peer_->ctx() ? r : nullptr;
   }
 
   std::shared_ptr<UcxPeer> peer_;
   Link *link_;  // owns this path
-  std::vector<kvb_ucx_rkey *> rkeys_;
+  std::vector<kvb_rkey *> rkeys_;
   std::vector<uint64_t> remote_;
   std::vector<uint32_t> key_of_;
 };
 
 // The peer's rkeys for one cache; empty when any fails to unpack.
-std::vector<kvb_ucx_rkey *> Unpack(kvb_ucx_ep *ep, const RemoteCache &rc) {
-  std::vector<kvb_ucx_rkey *> out;
+std::vector<kvb_rkey *> Unpack(kvb_ep *ep, const RemoteCache &rc) {
+  std::vector<kvb_rkey *> out;
   for (const std::string &k : rc.ucx_rkeys) {
-    kvb_ucx_rkey *h = Api()->rkey_unpack(ep, k.data(), k.size());
+    kvb_rkey *h = Api()->rkey_unpack(ep, k.data(), k.size());
     if (h == nullptr) {
-      for (kvb_ucx_rkey *x : out) Api()->rkey_destroy(x);
+      for (kvb_rkey *x : out) Api()->rkey_destroy(x);
       return {};
     }
     out.push_back(h);
@@ -369,22 +376,45 @@ bool UcxAttach(const std::shared_ptr<UcxContext> &ctx, Link *link, bool force, s
     return false;
   }
   char err[256] = {};
-  kvb_ucx_ep *ep = Api()->connect(ctx->get(), first->ucx_worker.data(), first->ucx_worker.size(), err, sizeof(err));
+  kvb_ep *ep = Api()->connect(ctx->get(), first->ucx_worker.data(), first->ucx_worker.size(), err, sizeof(err));
   if (ep == nullptr) {
     *why = err;
     return false;
   }
-  auto peer = std::make_shared<UcxPeer>(ctx, ep);
-  for (auto &kv : link->caches) {
-    RemoteCache &rc = kv.second;
-    if (rc.ucx_key_of.empty() || rc.ucx_worker != first->ucx_worker) continue;
-    if (!force && rc.path && strcmp(rc.path->name(), "tcp") != 0) continue;
-    std::vector<kvb_ucx_rkey *> keys = Unpack(ep, rc);
-    if (keys.empty()) continue;
-    rc.path = std::make_shared<UcxPath>(peer, link, std::move(keys), rc);
-  }
-  link->ucx = std::move(peer);
+  AttachLater(link, UcxBackend(), std::make_shared<UcxPeer>(ctx, ep, first->ucx_worker), force);
   return true;
+}
+
+namespace {
+
+// Attaches after CONFIRM, from the peer's UCX_INFO (UcxAttach), never at ChoosePaths.
+class Ucx : public Backend {
+ public:
+  const char *name() const override { return "ucx"; }
+  uint64_t capability() const override { return kCapUcx; }
+  PathMode path_mode() const override { return PathMode::kRemoteDma; }
+  // auto offers UCX (for peers on other hosts) only on a trusted network and when the plugin loads;
+  // loading it is its first use. Transport=ucx is refused without a trusted network (lifecycle.cc).
+  bool Offered(const OfferOptions &o) const override {
+    return o.transport == "ucx" || (o.transport == "auto" && o.trusted_network && UcxAvailable());
+  }
+  bool Available(std::string *why) const override { return UcxAvailable(why); }
+  void Unregister(CacheEntry *cache) override { Forget(cache); }
+  bool Attach(Link *, std::shared_ptr<PeerState> *) override { return false; }
+  std::shared_ptr<Path> PathFor(Link *link, PeerState *state, RemoteCache &rc) override {
+    auto *peer = static_cast<UcxPeer *>(state);
+    if (peer == nullptr || rc.ucx_key_of.empty() || rc.ucx_worker != peer->worker()) return nullptr;
+    std::vector<kvb_rkey *> keys = Unpack(peer->ep(), rc);
+    if (keys.empty()) return nullptr;
+    return std::make_shared<UcxPath>(peer->shared_from_this(), link, std::move(keys), rc);
+  }
+};
+
+}  // namespace
+
+Backend *UcxBackend() {
+  static Ucx b;
+  return &b;
 }
 
 }  // namespace kvblocks

@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "transport/registry.h"
+
+#include "link/link.h"
+#include "transport/select.h"
+#include "wire/messages.h"
+
+namespace kvblocks {
+
+// One line per backend, most preferred first; each is defined in transport/<name>/.
+#define KVBLOCKS_BACKENDS(X)                                                       \
+  X(InProcess) /* transport/inprocess/: memcpy between two engines of this process */ \
+  X(Shm)       /* transport/shm/: memcpy into a same-host peer's memfd, mapped here */ \
+  X(Cma)       /* transport/cma/: process_vm_readv/writev on a same-host peer */   \
+  X(Ucx)       /* transport/ucx/: UCP get/put, plugin loaded on first need */      \
+  X(Tcp)       /* transport/tcp/: requests the peer serves; every peer offers it */
+
+#define KVBLOCKS_DECLARE_BACKEND(n) Backend *n##Backend();
+KVBLOCKS_BACKENDS(KVBLOCKS_DECLARE_BACKEND)
+#undef KVBLOCKS_DECLARE_BACKEND
+
+const std::vector<Backend *> &Backends() {
+#define KVBLOCKS_LIST_BACKEND(n) n##Backend(),
+  static const std::vector<Backend *> all = {KVBLOCKS_BACKENDS(KVBLOCKS_LIST_BACKEND)};
+#undef KVBLOCKS_LIST_BACKEND
+  return all;
+}
+
+Backend *FindBackend(const std::string &name) {
+  for (Backend *b : Backends())
+    if (name == b->name()) return b;
+  return nullptr;
+}
+
+uint64_t OfferedCapabilities(const OfferOptions &o) {
+  uint64_t caps = kCapCacheQuery | kCapKeyQuery | kCapCrc32c;  // not paths: every engine offers them
+  for (Backend *b : Backends())
+    if (b->Offered(o)) caps |= b->capability();
+  return caps;
+}
+
+void ChoosePaths(Link *link) {
+  VerifyPeer(link);
+  link->attached.clear();
+  Backend *served = Backends().back();
+  for (Backend *b : Backends()) {
+    std::shared_ptr<PeerState> state;
+    if ((link->capabilities & b->capability()) != 0 && b->Attach(link, &state))
+      link->attached.push_back(Attached{b, std::move(state)});
+  }
+  // Every peer is served, whatever it offered.
+  if (link->attached.empty() || link->attached.back().backend != served) link->attached.push_back(Attached{served, {}});
+  // Host memory on our side: the only kind a cache is registered with today.
+  for (auto &kv : link->caches) {
+    RemoteCache &rc = kv.second;
+    rc.path = SelectPath(link->attached, link->capabilities, MemKind::kHost, rc.mem.kind, link, rc);
+    if (!rc.path) rc.path = ServedPath(link, rc);
+  }
+  link->local.Release();  // memfds of caches no backend mapped
+}
+
+void AttachLater(Link *link, Backend *b, std::shared_ptr<PeerState> state, bool all) {
+  const std::vector<Attached> one = {Attached{b, state}};
+  for (auto &kv : link->caches) {
+    RemoteCache &rc = kv.second;
+    if (!all && rc.path && rc.path->mode() != PathMode::kServed) continue;
+    std::shared_ptr<Path> p = SelectPath(one, link->capabilities, MemKind::kHost, rc.mem.kind, link, rc);
+    if (p) rc.path = std::move(p);
+  }
+  // Before the served fallback, so the description and the preference order agree.
+  auto it = link->attached.begin();
+  while (it != link->attached.end() && it->backend->path_mode() != PathMode::kServed) ++it;
+  link->attached.insert(it, Attached{b, std::move(state)});
+}
+
+std::shared_ptr<Path> ServedPath(Link *link, RemoteCache &rc) {
+  Backend *served = Backends().back();
+  std::shared_ptr<Path> p = served->PathFor(link, nullptr, rc);
+  if (p) p->owner = served;
+  return p;
+}
+
+std::string DescribePaths(const Link &link) {
+  std::string out;
+  for (const Attached &a : link.attached) {
+    if (a.backend->path_mode() == PathMode::kServed) continue;
+    bool used = false;
+    for (const auto &kv : link.caches) used = used || (kv.second.path && kv.second.path->owner == a.backend);
+    if (used) out += (out.empty() ? "" : "+") + std::string(a.backend->name());
+  }
+  if (out.empty() && !link.attached.empty()) out = link.attached.front().backend->name();
+  return out;
+}
+
+bool OneSidedPeer(const Link &link) {
+  if (link.same_host) return true;
+  for (const Attached &a : link.attached)
+    if (a.backend->path_mode() != PathMode::kServed) return true;
+  return false;
+}
+
+void UnregisterEverywhere(CacheEntry *cache) {
+  for (Backend *b : Backends()) b->Unregister(cache);
+}
+
+void DescribeEverywhere(const CacheEntry &cache, TableEntry *entry) {
+  for (Backend *b : Backends()) b->Describe(cache, entry);
+}
+
+}  // namespace kvblocks

@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// The backends in order of preference, and the choice of a path per remote cache: the first backend
+// that both sides offered, that attached to the peer from verified facts, that serves both memory
+// kinds and that reaches the cache. The last one (served over TCP) every peer offers.
+#ifndef KVBLOCKS_RUNTIME_TRANSPORT_REGISTRY_H_
+#define KVBLOCKS_RUNTIME_TRANSPORT_REGISTRY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "transport/backend.h"
+
+namespace kvblocks {
+
+// Every backend of this build, most preferred first.
+const std::vector<Backend *> &Backends();
+// The backend named `name`, null when none is.
+Backend *FindBackend(const std::string &name);
+
+// A backend attached to one peer, with its state for that peer.
+struct Attached {
+  Backend *backend = nullptr;
+  std::shared_ptr<PeerState> state;
+};
+
+// The path to `rc` (of memory kind `remote`) from the first of `attached`, in their order, whose
+// capability is in `caps`, that serves (local, remote) and that gives one; null when none does.
+inline std::shared_ptr<Path> SelectPath(const std::vector<Attached> &attached, uint64_t caps, MemKind local,
+                                        MemKind remote, Link *link, RemoteCache &rc) {
+  for (const Attached &a : attached) {
+    if ((caps & a.backend->capability()) == 0 || !a.backend->Serves(local, remote)) continue;
+    std::shared_ptr<Path> p = a.backend->PathFor(link, a.state.get(), rc);
+    if (!p) continue;
+    p->owner = a.backend;
+    return p;
+  }
+  return nullptr;
+}
+
+// The capabilities this engine offers: every offered backend's bit and the non-path ones.
+uint64_t OfferedCapabilities(const OfferOptions &o);
+// Attaches every backend both sides offered to the link (from link->same_process, the verified
+// in-process proof, and link->local, the kernel-verified local exchange) and gives each remote
+// cache its path. Backends that attach later (after CONFIRM) call AttachLater.
+void ChoosePaths(Link *link);
+// `b` attached to the link after ChoosePaths with `state`: it takes every cache still on a served
+// path (every cache when `all`) that it reaches.
+void AttachLater(Link *link, Backend *b, std::shared_ptr<PeerState> state, bool all);
+// The served path (the last backend's) to a cache learned after linking.
+std::shared_ptr<Path> ServedPath(Link *link, RemoteCache &rc);
+// The link's paths for link_path and the logs: the backends that reach some cache one-sidedly,
+// joined by '+' in order of preference; with none, the most preferred backend attached.
+std::string DescribePaths(const Link &link);
+// Some backend lets the peer reach our memory without our serving it (one-sided).
+bool OneSidedPeer(const Link &link);
+// Forget `cache` in every backend (it is unregistered and peers stopped using it).
+void UnregisterEverywhere(CacheEntry *cache);
+// Every backend's descriptor of `cache` in `entry`.
+void DescribeEverywhere(const CacheEntry &cache, TableEntry *entry);
+
+}  // namespace kvblocks
+
+#endif  // KVBLOCKS_RUNTIME_TRANSPORT_REGISTRY_H_

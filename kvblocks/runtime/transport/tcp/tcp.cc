@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: Apache-2.0
+// TCP backend: requests over the link's data channels, served by the peer from its own table
+// (tcp/tcp_serve.cc). Every peer offers it: the fallback of every selection.
+#include "link/link.h"
+#include "transport/backend.h"
+#include "transport/tcp/tcp_path.h"
+
+namespace kvblocks {
+
+namespace {
+
+class Tcp : public Backend {
+ public:
+  const char *name() const override { return "tcp"; }
+  uint64_t capability() const override { return kCapTcp; }
+  PathMode path_mode() const override { return PathMode::kServed; }
+  bool Offered(const OfferOptions &) const override { return true; }
+  bool Attach(Link *, std::shared_ptr<PeerState> *) override { return true; }
+  std::shared_ptr<Path> PathFor(Link *link, PeerState *, RemoteCache &rc) override { return MakeTcpPath(link, rc.id); }
+};
+
+}  // namespace
+
+Backend *TcpBackend() {
+  static Tcp b;
+  return &b;
+}
+
+}  // namespace kvblocks

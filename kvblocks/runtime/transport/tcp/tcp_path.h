@@ -1,0 +1,17 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef KVBLOCKS_RUNTIME_TRANSPORT_TCP_TCP_PATH_H_
+#define KVBLOCKS_RUNTIME_TRANSPORT_TCP_TCP_PATH_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "transport/path.h"
+
+namespace kvblocks {
+
+// Requests over the link's data channels, served by the peer (tcp/tcp_serve.cc).
+std::unique_ptr<Path> MakeTcpPath(Link *link, int64_t remote_cache_id);
+
+}  // namespace kvblocks
+
+#endif  // KVBLOCKS_RUNTIME_TRANSPORT_TCP_TCP_PATH_H_
