@@ -23,6 +23,8 @@
 #include "kvblocks/ext.h"
 #include "kvblocks/layout.h"
 #include "kvblocks/rules.h"
+#include "link/control.h"
+#include "link/linker.h"
 #include "link/registry.h"
 #include "metrics/stats.h"
 #include "transport/local_peer.h"
@@ -54,7 +56,7 @@ struct TransferFree {
 };
 using TransferPtr = std::unique_ptr<Transfer, TransferFree>;
 
-class Impl {
+class Impl : private LinkerHost {
  public:
   Impl(uint64_t cluster_id, LlmRole role);
   ~Impl();
@@ -87,7 +89,7 @@ class Impl {
   std::shared_ptr<void> PinCacheMemory(int64_t cache_id);
   int LinkChannels(uint64_t cluster_id);
   // Why the last attempt to link to `cluster_id` failed; false when it succeeded or none was made.
-  bool LastLinkFailure(uint64_t cluster_id, LinkFailure *out);
+  bool LastLinkFailure(uint64_t cluster_id, LinkFailure *out) { return linker_.LastLinkFailure(cluster_id, out); }
   // The address the listener is bound to ("ip:port", "[ip6]:port", with the port the kernel chose
   // for port 0), or "" when this engine does not listen.
   std::string ListenAddress();
@@ -144,34 +146,21 @@ class Impl {
   void AdmitPreauth(int fd);           // under workers_mu_: a slot, dropping the oldest when full
   void StartHandshake(int fd);         // its HELLO is here (or it closed): a thread takes it
   void ExpirePreauth(bool all);        // closes waiting connections past kAuthNs (all: every one)
-  bool Spawn(std::function<void()> fn);  // false when no thread could be started
   void ReapWorkers(bool all);
   Status CheckRole(bool pull) const;
-  // links.cc
-  Status LinkOne(const ClusterInfo &ci, int32_t timeout_ms);  // records a failure (LastLinkFailure)
-  Status LinkOneInner(const ClusterInfo &ci, int32_t timeout_ms);
-  Status OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing);
-  int OpenHandshake(const std::string &ip, uint16_t port, ConnKind kind, uint64_t listener_cluster_id,
-                    int64_t deadline, Hello *hello, struct Transcript *t, Status *st);
-  // The live link to `peer`, or null; one whose control connection the peer has closed is failed.
-  std::shared_ptr<struct Link> LiveLink(uint64_t peer);
-  bool CrossingLoses(uint64_t peer) const;  // under link_state_mu_
-  // Counts a link from `addr` in accepting_: LLM_SUCCESS, or LLM_CLUSTER_NUM_EXCEED_LIMIT (logged,
-  // naming the cap) when it would pass kvblocks.MaxLinks or kvblocks.MaxLinksPerPeer.
-  Status TakeLinkSlot(const std::string &addr);
-  void ReleaseLinkSlot(const std::string &addr);
-  LocalFds OurMemfds(const std::vector<TableEntry> &caches, std::vector<std::shared_ptr<CacheEntry>> *keep);
-  Status UnlinkOne(const ClusterInfo &ci, int32_t timeout_ms, bool force);
-  void HandleAccepted(int fd);
-  void AcceptChannel(int fd, const struct Hello &hello, const struct Transcript &t, int64_t deadline);
-  void AcceptControl(int fd, const struct Hello &hello, const uint8_t *server_nonce, int64_t deadline);
-  void CtrlLoop(std::shared_ptr<struct Link> link);
-  void ServeConnection(int fd, std::shared_ptr<struct Link> link);
-  void DropLink(const std::shared_ptr<struct Link> &link);
-  std::shared_ptr<struct Link> NewLink(uint64_t remote_cluster_id, struct LinkInfo *info);
-  void FillLinkInfo(struct LinkInfo *info);
-  int OpenChannel(const std::shared_ptr<struct Link> &link, ConnKind kind, int64_t deadline, Status *st);
-  void ForgetLoose(int fd);
+  // links.cc: LinkerHost, what the linker (link/linker.h) asks of the engine
+  std::vector<TableEntry> DescribeCaches() override;
+  void AddMemfds(const std::vector<TableEntry> &shown, LocalFds *out, std::vector<std::shared_ptr<void>> *keep) override;
+  void AnnounceUcx(const std::shared_ptr<UcxContext> &ctx, TableEntry *entry) override;
+  bool Spawn(std::function<void()> fn) override;  // lifecycle.cc
+  void Serve(int fd, const std::shared_ptr<struct Link> &link) override;
+  void TrackLoose(int fd) override;
+  void ForgetLoose(int fd) override;
+  bool LeavePreauth(int fd) override;
+  bool Running() const override;
+  // lifecycle.cc: the engine's control frames into control_'s table (reverse channels, notify, keys,
+  // late caches), once, at construction.
+  void RegisterFrames();
   // transfer.cc: the steps every transfer shares, in CANN's check order
   Status Begin(Transfer *t, bool pull);
   Status FindLocal(Transfer *t, int64_t cache_id);
@@ -258,11 +247,6 @@ class Impl {
                  std::shared_ptr<struct RemoteCache> *out);
   void AnswerCacheQuery(struct Link *link, const std::string &payload);
   void OnCacheInfo(struct Link *link, const std::string &payload);
-  // links.cc: the UCX backend's handshake phase (transport/ucx/ucx_path.h)
-  std::shared_ptr<UcxContext> Ucx(int fd, std::string *why);  // this engine's worker, made on first need
-  Status SendUcxInfo(int fd, const std::vector<TableEntry> &shown, bool refuse, int64_t deadline);
-  bool RecvUcxInfo(int fd, struct Link *link, int64_t deadline, bool *announced, Status *st);
-  Status AttachUcx(struct Link *link, int fd);  // after ChoosePaths; `fd`: the control connection
 
  public:
   const uint64_t cluster_id_;
@@ -275,15 +259,7 @@ class Impl {
 
   // options
   int64_t wait_time_ms_ = kDefaultWaitMs;
-  std::string transport_ = "auto";
-  std::string auth_token_;
-  std::shared_ptr<TlsContext> tls_;  // kvblocks.Encryption=tls: every TCP connection of a link
-  bool integrity_ = false;  // kvblocks.Integrity=crc32c: our TCP transfers carry CRC32C (transport/checked.h)
-  bool ucx_trusted_ = false;  // kvblocks.UcxTrustedNetwork=1: UCX may be offered (README, threat model)
   bool role_check_ = false;  // kvblocks.RoleCheck: "0" (default, CANN V2) or "1" (V1 roles)
-  bool local_comm_res_ = false;  // CANN: with llm.LocalCommRes a cluster needs no local_ip_infos
-  size_t max_links_ = kDefaultMaxLinks;                 // kvblocks.MaxLinks
-  size_t max_links_per_peer_ = kDefaultMaxLinksPerPeer;  // kvblocks.MaxLinksPerPeer
 
   // Declared before the thread pools, which count the transfers they finish here.
   metrics::EngineStats stats_;
@@ -292,13 +268,8 @@ class Impl {
   // unregister takes it once, exclusively, so every link that may have seen a cache is asked.
   std::shared_timed_mutex table_mu_;
   LinkRegistry links_;
-  std::mutex linking_mu_;  // serialises handshakes that create links
-  // Registration decisions (insert, adopt, crossing) of both LinkOne and the accepting side.
-  std::mutex link_state_mu_;
-  std::set<uint64_t> linking_;  // clusters our LinkOne is linking to right now
-  // Peer addresses of control connections accepted past authentication whose link is not
-  // registered yet: they count against the link caps (TakeLinkSlot) as links do.
-  std::multiset<std::string> accepting_;
+  ControlChannel control_{&links_};  // every link's control loop; handlers registered at construction
+  Linker linker_{cluster_id_, this, &links_, &control_, &stats_, &table_mu_, &stopping_};  // makes and ends links
 
   // listener and worker threads
   std::mutex workers_mu_;
@@ -320,19 +291,9 @@ class Impl {
   // The options of the Initialize that took effect: a second Initialize names those it ignores.
   std::map<std::string, std::string> init_options_;
 
-  // Why the last link attempt to each cluster failed (LinkOne); at most kMaxLinkFailures clusters.
-  static constexpr size_t kMaxLinkFailures = 4096;
-  std::mutex why_mu_;
-  std::map<uint64_t, LinkFailure> link_failures_;
-
-  uint64_t instance_token_ = 0;
-  uint64_t probe_value_ = 0;
-
   // Notifications received and not yet taken (notify.cc), at most kMaxQueuedNotifies.
   std::mutex notify_mu_;
   std::deque<NotifyMessage> notifies_;
-  std::mutex ucx_mu_;
-  std::shared_ptr<UcxContext> ucx_;
 
   // Worker threads of asynchronous transfers (async.cc), started on first use. Declared last so it
   // is destroyed first: its threads finish their jobs while the rest of the engine still exists.

@@ -51,16 +51,73 @@ const char *RoleName(LlmRole r) {
 }  // namespace
 
 Impl::Impl(uint64_t cluster_id, LlmRole role) : cluster_id_(cluster_id), role_(role) {
-  RandomBytes(&instance_token_, sizeof(instance_token_));
-  RandomBytes(&probe_value_, sizeof(probe_value_));
-  RegisterInstance(instance_token_);
+  RegisterInstance(linker_.instance_token());
   RegisterEngine(this);
+  RegisterFrames();
+}
+
+void Impl::RegisterFrames() {
+  using L = const std::shared_ptr<struct Link> &;
+  using H = const FrameHeader &;
+  using P = const std::string &;
+  // The peer asks the opener for one more channel it may push to us on (Link::AcquireChannel).
+  control_.On(kOpenReverse, [this](L link, H, P) {
+    if (!link->opener) return true;
+    {
+      // A peer may not make us open (and serve) more channels than it could use.
+      std::unique_lock<std::mutex> g(link->mu);
+      if (link->reverse_channels >= kMaxRequesterChannels) {
+        g.unlock();
+        link->SendCtrl(kReverseRefused, NowNs() + kSecNs);  // so the peer stops counting on it
+        return true;
+      }
+      ++link->reverse_channels;
+    }
+    const bool started = Spawn([this, link] {
+      Status st;
+      const int rev = linker_.OpenChannel(link, ConnKind::kDataRev, NowNs() + kHandshakeNs, &st);
+      if (rev < 0) link->SendCtrl(kReverseRefused, NowNs() + kSecNs);
+      if (rev >= 0) Serve(rev, link);
+      std::lock_guard<std::mutex> g(link->mu);
+      --link->reverse_channels;
+    });
+    if (!started) {
+      {
+        std::lock_guard<std::mutex> g(link->mu);
+        --link->reverse_channels;
+      }
+      link->SendCtrl(kReverseRefused, NowNs() + kSecNs);
+    }
+    return true;
+  });
+  auto notify = [this](L link, H h, P payload) {
+    OnNotify(link, h.type, payload);
+    return true;
+  };
+  control_.On(kNotify, notify);
+  control_.On(kNotifyAck, notify);
+  control_.On(kKeyConsumed, [this](L link, H, P payload) {
+    OnKeyConsumed(link, payload);
+    return true;
+  });
+  control_.On(kKeyReleased, [this](L link, H, P payload) {
+    OnKeyReleased(link.get(), payload);
+    return true;
+  });
+  control_.On(kCacheQuery, [this](L link, H, P payload) {
+    AnswerCacheQuery(link.get(), payload);
+    return true;
+  });
+  control_.On(kCacheInfo, [this](L link, H, P payload) {
+    OnCacheInfo(link.get(), payload);
+    return true;
+  });
 }
 
 Impl::~Impl() {
   UnregisterEngine(this);  // waits for a snapshot of this engine in progress
   Finalize();
-  UnregisterInstance(instance_token_);
+  UnregisterInstance(linker_.instance_token());
 }
 
 namespace {
@@ -183,16 +240,18 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   const Status tls_st = TlsOption(get, token, transport, ucx_trusted, &tls);
   if (tls_st != LLM_SUCCESS) return tls_st;
   stopping_.store(false);
-  tls_ = tls;
-  local_comm_res_ = options.count(AscendString(OPTION_LOCAL_COMM_RES)) != 0;
+  LinkerOptions lo;
+  lo.tls = tls;
+  lo.local_comm_res = options.count(AscendString(OPTION_LOCAL_COMM_RES)) != 0;
+  lo.transport = transport;
+  lo.auth_token = token;
+  lo.max_links = max_links;
+  lo.max_links_per_peer = per_peer;
+  lo.ucx_trusted = ucx_trusted;
+  lo.integrity = integrity;
+  linker_.Configure(lo);
   wait_time_ms_ = wait_ms;
-  transport_ = transport;
-  auth_token_ = token;
   role_check_ = role_check;
-  max_links_ = max_links;
-  max_links_per_peer_ = per_peer;
-  ucx_trusted_ = ucx_trusted;
-  integrity_ = integrity;
   if (listen) {
     const Status st = StartListening(listen_ip, listen_port);
     if (st != LLM_SUCCESS) return st;
@@ -231,8 +290,7 @@ void Impl::Finalize() {
     std::lock_guard<std::mutex> g(notify_mu_);
     notifies_.clear();
   }
-  std::lock_guard<std::mutex> g(ucx_mu_);
-  ucx_.reset();  // gone once the last endpoint and registration let go of it
+  linker_.Finalize();
 }
 
 Status Impl::SetRole(LlmRole role, const std::map<AscendString, AscendString> &options) {
@@ -388,7 +446,7 @@ void Impl::StartHandshake(int fd) {
   }
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof(one));  // later frames may be shorter
-  if (!Spawn([this, fd] { HandleAccepted(fd); })) {
+  if (!Spawn([this, fd] { linker_.Accept(fd); })) {
     std::lock_guard<std::mutex> g(workers_mu_);
     loose_fds_.erase(fd);
     preauth_.erase(fd);

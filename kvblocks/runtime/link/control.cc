@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// The control connection of a link: unlink, cache-gone notices, reverse-channel requests and
-// queries for caches registered after linking. When
-// it closes, the link is dead on both sides.
+// The control connection of a link (link/control.h): its loop, its handler table and the link's
+// own frames. When it closes, the link is dead on both sides.
 #include <errno.h>
 #include <poll.h>
 
+#include "link/control.h"
+
+#include "common/limits.h"
 #include "common/util.h"
-#include "engine/engine.h"
 #include "net/socket.h"
 
 namespace kvblocks {
@@ -35,9 +36,54 @@ bool WaitCtrl(int fd, int pidfd) {
     if (n < 0 && errno != EINTR) return true;  // the read below reports the error
   }
 }
+// Wakes UnlinkOne: both ends unlinking at once, the peer's UNLINK answers our own as well, even one
+// that has not sent its UNLINK yet -- both sides want the link gone, and it is.
+void AckUnlink(Link *link) {
+  std::lock_guard<std::mutex> g(link->mu);
+  link->unlink_acked = true;
+  link->cv.notify_all();
+}
 }  // namespace
 
-void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
+ControlChannel::ControlChannel(LinkRegistry *links) : links_(links) {
+  On(kUnlink, [this](const std::shared_ptr<Link> &link, const FrameHeader &, const std::string &) {
+    AckUnlink(link.get());
+    // Remove the link before acknowledging, so nothing the peer does after our ack still sees it.
+    if (link->alive.exchange(false)) metrics::Add(link->stats->unlinks);
+    links_->Erase(link);
+    link->SendCtrl(kUnlinkAck, NowNs() + kSecNs);
+    link->Fail();
+    links_->Erase(link);
+    return false;
+  });
+  On(kUnlinkAck, [](const std::shared_ptr<Link> &link, const FrameHeader &, const std::string &) {
+    AckUnlink(link.get());
+    return true;
+  });
+  On(kCacheGone, [](const std::shared_ptr<Link> &link, const FrameHeader &, const std::string &payload) {
+    CacheRef ref;
+    if (!Decode(payload, &ref)) return true;
+    MarkGone(link.get(), ref.cache_id);
+    link->SendCtrl(kCacheGoneAck, NowNs() + kHandshakeNs, payload);
+    return true;
+  });
+  On(kCacheGoneAck, [](const std::shared_ptr<Link> &link, const FrameHeader &, const std::string &payload) {
+    CacheRef ref;
+    if (!Decode(payload, &ref)) return true;
+    std::lock_guard<std::mutex> g(link->mu);
+    link->gone_acked.insert(ref.cache_id);
+    link->cv.notify_all();
+    return true;
+  });
+  On(kReverseRefused, [](const std::shared_ptr<Link> &link, const FrameHeader &, const std::string &) {
+    if (!link->opener) link->ReverseRefused();
+    return true;
+  });
+}
+
+void ControlChannel::On(uint16_t type, Handler h) { handlers_[type] = std::move(h); }
+
+void ControlChannel::Run(std::shared_ptr<Link> link) const {
   const int fd = link->ctrl_fd;
   for (;;) {
     FrameHeader h;
@@ -51,72 +97,8 @@ void Impl::CtrlLoop(std::shared_ptr<struct Link> link) {
     if (RecvHeader(fd, &h, 0) != IoResult::kOk ||
         RecvPayload(fd, h, Channel::kControl, &payload, NowNs() + kHandshakeNs) != IoResult::kOk)
       break;
-    CacheRef ref;
-    if (h.type == kUnlink) {
-      {
-        // Both ends unlinking at once: the peer's UNLINK answers our own UnlinkOne as well, even one
-        // that has not sent its UNLINK yet -- both sides want the link gone, and it is.
-        std::lock_guard<std::mutex> g(link->mu);
-        link->unlink_acked = true;
-        link->cv.notify_all();
-      }
-      // Remove the link before acknowledging, so nothing the peer does after our ack still sees it.
-      if (link->alive.exchange(false)) metrics::Add(link->stats->unlinks);
-      links_.Erase(link);
-      link->SendCtrl(kUnlinkAck, NowNs() + kSecNs);
-      DropLink(link);
-      break;
-    }
-    if (h.type == kUnlinkAck) {
-      std::lock_guard<std::mutex> g(link->mu);
-      link->unlink_acked = true;
-      link->cv.notify_all();
-    } else if (h.type == kCacheGone && Decode(payload, &ref)) {
-      MarkGone(link.get(), ref.cache_id);
-      link->SendCtrl(kCacheGoneAck, NowNs() + kHandshakeNs, payload);
-    } else if (h.type == kCacheGoneAck && Decode(payload, &ref)) {
-      std::lock_guard<std::mutex> g(link->mu);
-      link->gone_acked.insert(ref.cache_id);
-      link->cv.notify_all();
-    } else if (h.type == kOpenReverse && link->opener) {
-      {
-        // A peer may not make us open (and serve) more channels than it could use.
-        std::unique_lock<std::mutex> g(link->mu);
-        if (link->reverse_channels >= kMaxRequesterChannels) {
-          g.unlock();
-          link->SendCtrl(kReverseRefused, NowNs() + kSecNs);  // so the peer stops counting on it
-          continue;
-        }
-        ++link->reverse_channels;
-      }
-      const bool started = Spawn([this, link] {
-        Status st;
-        const int rev = OpenChannel(link, ConnKind::kDataRev, NowNs() + kHandshakeNs, &st);
-        if (rev < 0) link->SendCtrl(kReverseRefused, NowNs() + kSecNs);
-        if (rev >= 0) ServeConnection(rev, link);
-        std::lock_guard<std::mutex> g(link->mu);
-        --link->reverse_channels;
-      });
-      if (!started) {
-        {
-          std::lock_guard<std::mutex> g(link->mu);
-          --link->reverse_channels;
-        }
-        link->SendCtrl(kReverseRefused, NowNs() + kSecNs);
-      }
-    } else if (h.type == kReverseRefused && !link->opener) {
-      link->ReverseRefused();
-    } else if (h.type == kNotify || h.type == kNotifyAck) {
-      OnNotify(link, h.type, payload);
-    } else if (h.type == kKeyConsumed) {
-      OnKeyConsumed(link, payload);
-    } else if (h.type == kKeyReleased) {
-      OnKeyReleased(link.get(), payload);
-    } else if (h.type == kCacheQuery) {
-      AnswerCacheQuery(link.get(), payload);
-    } else if (h.type == kCacheInfo) {
-      OnCacheInfo(link.get(), payload);
-    }
+    auto it = handlers_.find(h.type);
+    if (it != handlers_.end() && !it->second(link, h, payload)) break;
   }
   // The peer closed the control connection (exit, crash, unlink or finalize): the link is gone.
   if (link->alive.load()) LogInfo("link to cluster %llu lost", static_cast<unsigned long long>(link->remote_cluster_id));

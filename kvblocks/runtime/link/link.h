@@ -88,7 +88,7 @@ struct Link {
   void AddLate(std::shared_ptr<RemoteCache> rc);  // under late_mu: makes room first; a newer answer replaces
   std::shared_ptr<RemoteCache> ForgetLate(int64_t id);  // removes it from `late`; returns it
   bool Shown(int64_t id);  // `shown` or `late_shown`
-  // The peer has closed (or reset) the control connection, though CtrlLoop may not have seen it yet.
+  // The peer has closed (or reset) the control connection, though ControlChannel::Run may not have seen it yet.
   bool CtrlClosedByPeer();
   ChannelOpener open_channel;  // opener side: connects and authenticates one more channel
   // Address-based transfers (engine/ranges.cc): `caches` sorted by announced address, built once.
