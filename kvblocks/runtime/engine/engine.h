@@ -44,6 +44,9 @@ struct Transfer;
 PreparedInfo DescribePrepared(const PreparedState &p);  // engine/prepared.cc
 struct TransferState;
 class AsyncPool;
+class Notifier;
+class KeyRelease;
+class LateCaches;
 class LayerPool;
 struct LayerItem;
 struct LayerPushState;
@@ -204,8 +207,6 @@ class Impl : private LinkerHost {
   // async.cc
   friend class AsyncPool;
   void RunDetached(TransferPtr t, bool pull, const std::shared_ptr<TransferState> &s);
-  // notify.cc
-  void OnNotify(const std::shared_ptr<struct Link> &link, uint16_t type, const std::string &payload);
   // ranges.cc
   Status PrepareRanges(Transfer *t, uint64_t cluster_id, bool read, const AddrRange *ranges, size_t n,
                        int64_t deadline);
@@ -230,23 +231,6 @@ class Impl : private LinkerHost {
   // caches.cc
   Status NotifyCacheGone(int64_t cache_id, int64_t deadline);
   Status RemoveCacheHeld(int64_t cache_id);  // RemoveCache with state_mu_ already held shared
-  // keys.cc
-  bool UnbindHeld(CacheEntry *e, int64_t key, bool *free_now);
-  void AnnounceReleased(int64_t cache_id, int64_t key);
-  void FreeUnbound(int64_t cache_id);
-  void OnKeyConsumed(const std::shared_ptr<struct Link> &link, const std::string &payload);
-  void OnKeyReleased(struct Link *link, const std::string &payload);
-  // late.cc: caches the peer registered after linking (CACHE_QUERY / CACHE_INFO)
-  Status FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t cache_id, int64_t deadline,
-                        std::shared_ptr<struct RemoteCache> *out);
-  // The same for a key (kQueryByCacheKey / kQueryByBatchKey) neither table has: asks peers offering
-  // kCapKeyQuery; *out is the answer's entry (for a link-time cache, a copy: reach it by id).
-  Status FindLateKey(const std::shared_ptr<struct Link> &link, uint8_t kind, int64_t key, int64_t deadline,
-                     std::shared_ptr<struct RemoteCache> *out);
-  Status AskPeer(const std::shared_ptr<struct Link> &link, uint8_t kind, int64_t what, int64_t deadline,
-                 std::shared_ptr<struct RemoteCache> *out);
-  void AnswerCacheQuery(struct Link *link, const std::string &payload);
-  void OnCacheInfo(struct Link *link, const std::string &payload);
 
  public:
   const uint64_t cluster_id_;
@@ -291,9 +275,9 @@ class Impl : private LinkerHost {
   // The options of the Initialize that took effect: a second Initialize names those it ignores.
   std::map<std::string, std::string> init_options_;
 
-  // Notifications received and not yet taken (notify.cc), at most kMaxQueuedNotifies.
-  std::mutex notify_mu_;
-  std::deque<NotifyMessage> notifies_;
+  std::unique_ptr<Notifier> notify_;  // engine/notify.h: send_notify / get_notifies
+  std::unique_ptr<KeyRelease> keys_;  // engine/keys.h: CANN's key release
+  std::unique_ptr<LateCaches> late_;  // engine/late.h: caches the peer registered after linking
 
   // Worker threads of asynchronous transfers (async.cc), started on first use. Declared last so it
   // is destroyed first: its threads finish their jobs while the rest of the engine still exists.

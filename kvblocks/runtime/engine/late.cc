@@ -8,17 +8,22 @@
 // kMaxLateCaches of them (Link::AddLate); transfers hold theirs by shared_ptr. Lookups by key
 // (CANN's CacheKey, BlocksCacheKey) that neither table answers ask the same way by key (query kinds
 // kQueryByBatchKey, kQueryByCacheKey; peers offering kCapKeyQuery only); the answer must hold the key.
+#include "engine/late.h"
+
 #include <algorithm>
+#include <chrono>
 
 #include "common/error.h"
+#include "common/limits.h"
 #include "common/util.h"
-#include "engine/engine.h"
 #include "link/link.h"
 #include "transport/path.h"
 #include "transport/registry.h"
 #include "wire/messages.h"
 
 namespace kvblocks {
+
+using namespace llm_datadist;  // NOLINT: status constants
 
 namespace {
 constexpr uint32_t kLatePending = 0xFFFFFFFFU;
@@ -33,8 +38,19 @@ bool Holds(const TableEntry &e, int kind, int64_t what) {
 }
 }  // namespace
 
-Status Impl::FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t cache_id, int64_t deadline,
-                            std::shared_ptr<RemoteCache> *out) {
+void LateCaches::Register(ControlChannel *control) {
+  control->On(kCacheQuery, [this](const std::shared_ptr<Link> &link, const FrameHeader &, const std::string &p) {
+    AnswerQuery(link.get(), p);
+    return true;
+  });
+  control->On(kCacheInfo, [this](const std::shared_ptr<Link> &link, const FrameHeader &, const std::string &p) {
+    OnInfo(link.get(), p);
+    return true;
+  });
+}
+
+Status LateCaches::FindRemote(const std::shared_ptr<Link> &link, int64_t cache_id, int64_t deadline,
+                              std::shared_ptr<RemoteCache> *out) {
   const unsigned long long peer = link->remote_cluster_id;
   const long long id = static_cast<long long>(cache_id);
   if (cache_id <= 0) return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache %lld", peer, id);
@@ -45,8 +61,8 @@ Status Impl::FindLateRemote(const std::shared_ptr<struct Link> &link, int64_t ca
   return AskPeer(link, kQueryById, cache_id, deadline, out);
 }
 
-Status Impl::FindLateKey(const std::shared_ptr<struct Link> &link, uint8_t kind, int64_t key, int64_t deadline,
-                         std::shared_ptr<RemoteCache> *out) {
+Status LateCaches::FindKey(const std::shared_ptr<Link> &link, uint8_t kind, int64_t key, int64_t deadline,
+                           std::shared_ptr<RemoteCache> *out) {
   const unsigned long long peer = link->remote_cluster_id;
   if (key < 0) return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu has no cache with key %lld", peer, (long long)key);
   if ((link->capabilities & kCapKeyQuery) == 0)
@@ -57,8 +73,8 @@ Status Impl::FindLateKey(const std::shared_ptr<struct Link> &link, uint8_t kind,
 
 // Asks the peer once for (kind, what); callers for the same (kind, what) share the query. An answer
 // of none, a malformed one, a timeout or a failed link is not remembered: the next call asks again.
-Status Impl::AskPeer(const std::shared_ptr<struct Link> &link, uint8_t kind, int64_t what, int64_t deadline,
-                     std::shared_ptr<RemoteCache> *out) {
+Status LateCaches::AskPeer(const std::shared_ptr<Link> &link, uint8_t kind, int64_t what, int64_t deadline,
+                           std::shared_ptr<RemoteCache> *out) {
   const unsigned long long peer = link->remote_cluster_id;
   const long long id = static_cast<long long>(what);
   const char *named = kind == kQueryById ? "cache" : "a cache with key";
@@ -94,7 +110,7 @@ Status Impl::AskPeer(const std::shared_ptr<struct Link> &link, uint8_t kind, int
   if (st == LLM_SUCCESS && *out != nullptr) return LLM_SUCCESS;
   if (st == kLatePending && alive)
     return Fail(LLM_TIMEOUT, "cluster %llu did not say within llm.SyncKvCacheWaitTime=%lld ms whether it has %s %lld",
-                peer, static_cast<long long>(wait_time_ms_), named, id);
+                peer, static_cast<long long>(*d_.wait_ms), named, id);
   if (st == kLatePending || st == LLM_LINK_FAILED)
     return Fail(LLM_LINK_FAILED, "the link to cluster %llu failed while asking it for %s %lld", peer, named, id);
   if (st == kLateMalformed)
@@ -107,7 +123,7 @@ Status Impl::AskPeer(const std::shared_ptr<struct Link> &link, uint8_t kind, int
 // entry is read (SetBatchKeys), not while it is sent: a peer that stops reading must not delay an
 // unregister. An answer that crosses an unregister is harmless: the peer reaches the cache over TCP
 // only, and we serve no request for a removed cache.
-void Impl::AnswerCacheQuery(struct Link *link, const std::string &payload) {
+void LateCaches::AnswerQuery(Link *link, const std::string &payload) {
   CacheQuery q;
   if (!Decode(payload, &q)) return;  // malformed: nothing to answer
   CacheInfo info;
@@ -115,16 +131,16 @@ void Impl::AnswerCacheQuery(struct Link *link, const std::string &payload) {
   info.seq = q.seq;
   // No state_mu_: Finalize may hold it while it waits for this thread. The registry has its own lock.
   // Keys are read under table_mu_, the lock SetBatchKeys and key release write them under.
-  std::shared_lock<std::shared_timed_mutex> table_hold(table_mu_, std::defer_lock);
-  if (initialized()) {
+  std::shared_lock<std::shared_timed_mutex> table_hold(*d_.table_mu, std::defer_lock);
+  if (d_.running()) {
     table_hold.lock();
     std::shared_ptr<CacheEntry> e;
     if (q.kind == kQueryById) {
-      e = q.cache_id > 0 ? caches_.Find(q.cache_id) : nullptr;
+      e = q.cache_id > 0 ? d_.caches->Find(q.cache_id) : nullptr;
     } else {
       // By batch key: a batch bound to the key first, then a cache tagged with it (as the asker's
       // FindRemoteKey searches its table); by cache key: a tagged cache. Lowest id first.
-      caches_.Visit([&](const std::map<int64_t, std::shared_ptr<CacheEntry>> &all) {
+      d_.caches->Visit([&](const std::map<int64_t, std::shared_ptr<CacheEntry>> &all) {
         if (q.kind == kQueryByBatchKey)
           for (const auto &kv : all) {
             const auto &bk = kv.second->batch_keys;
@@ -147,7 +163,7 @@ void Impl::AnswerCacheQuery(struct Link *link, const std::string &payload) {
       std::unique_lock<std::shared_mutex> g(link->late_mu);
       if (link->late_shown.size() >= kMaxLateCaches)  // forget those since unregistered
         for (auto it = link->late_shown.begin(); it != link->late_shown.end();)
-          it = caches_.Find(*it) ? std::next(it) : link->late_shown.erase(it);
+          it = d_.caches->Find(*it) ? std::next(it) : link->late_shown.erase(it);
       link->late_shown.insert(e->id);
     }
   }
@@ -159,7 +175,7 @@ void Impl::AnswerCacheQuery(struct Link *link, const std::string &payload) {
 
 // The peer's answer to our CACHE_QUERY. Only an answer someone is waiting for is taken; a malformed
 // one fails every query in flight on the link (its id cannot be trusted), without touching the link.
-void Impl::OnCacheInfo(struct Link *link, const std::string &payload) {
+void LateCaches::OnInfo(Link *link, const std::string &payload) {
   CacheInfo info;
   const bool ok = Decode(payload, &info);
   std::lock_guard<std::mutex> g(link->mu);

@@ -17,6 +17,9 @@
 #include "common/error.h"
 #include "common/util.h"
 #include "engine/engine.h"
+#include "engine/keys.h"
+#include "engine/late.h"
+#include "engine/notify.h"
 #include "engine/options.h"
 #include "net/socket.h"
 #include "net/tls.h"
@@ -53,6 +56,13 @@ const char *RoleName(LlmRole r) {
 Impl::Impl(uint64_t cluster_id, LlmRole role) : cluster_id_(cluster_id), role_(role) {
   RegisterInstance(linker_.instance_token());
   RegisterEngine(this);
+  notify_ = std::make_unique<Notifier>(&links_);
+  keys_ = std::make_unique<KeyRelease>(KeyRelease::Deps{
+      &caches_, &links_, &table_mu_, &state_mu_, [this] { return initialized(); },
+      [this](std::function<void()> fn) { return Spawn(std::move(fn)); },
+      [this](int64_t id) { return RemoveCacheHeld(id); }});
+  late_ = std::make_unique<LateCaches>(
+      LateCaches::Deps{&caches_, &table_mu_, [this] { return initialized(); }, &wait_time_ms_});
   RegisterFrames();
 }
 
@@ -90,28 +100,9 @@ void Impl::RegisterFrames() {
     }
     return true;
   });
-  auto notify = [this](L link, H h, P payload) {
-    OnNotify(link, h.type, payload);
-    return true;
-  };
-  control_.On(kNotify, notify);
-  control_.On(kNotifyAck, notify);
-  control_.On(kKeyConsumed, [this](L link, H, P payload) {
-    OnKeyConsumed(link, payload);
-    return true;
-  });
-  control_.On(kKeyReleased, [this](L link, H, P payload) {
-    OnKeyReleased(link.get(), payload);
-    return true;
-  });
-  control_.On(kCacheQuery, [this](L link, H, P payload) {
-    AnswerCacheQuery(link.get(), payload);
-    return true;
-  });
-  control_.On(kCacheInfo, [this](L link, H, P payload) {
-    OnCacheInfo(link.get(), payload);
-    return true;
-  });
+  notify_->Register(&control_);
+  keys_->Register(&control_);
+  late_->Register(&control_);
 }
 
 Impl::~Impl() {
@@ -286,10 +277,7 @@ void Impl::Finalize() {
   ReapWorkers(true);
   for (auto &kv : links_.TakeAll()) kv.second->Fail();
   for (auto &kv : caches_.TakeAll()) RetireCache(kv.second.get());
-  {
-    std::lock_guard<std::mutex> g(notify_mu_);
-    notifies_.clear();
-  }
+  notify_->Clear();
   linker_.Finalize();
 }
 

@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "common/util.h"
 #include "engine/engine.h"
+#include "engine/notify.h"
 #include "net/socket.h"
 #include "wire/messages.h"
 
@@ -17,12 +18,33 @@ Status Impl::SendNotify(uint64_t cluster_id, const std::string &name, const std:
                         int32_t timeout_ms) {
   std::shared_lock<std::shared_mutex> lk(state_mu_);
   if (!initialized()) return Fail(LLM_FAILED, "the engine is not initialized");
+  return notify_->Send(cluster_id, name, message, timeout_ms);
+}
+
+Status Impl::GetNotifies(std::vector<NotifyMessage> *out) {
+  std::shared_lock<std::shared_mutex> lk(state_mu_);
+  out->clear();
+  if (!initialized()) return Fail(LLM_FAILED, "the engine is not initialized");
+  notify_->Take(out);
+  return LLM_SUCCESS;
+}
+
+void Notifier::Register(ControlChannel *control) {
+  auto on = [this](const std::shared_ptr<Link> &link, const FrameHeader &h, const std::string &payload) {
+    OnFrame(link, h.type, payload);
+    return true;
+  };
+  control->On(kNotify, on);
+  control->On(kNotifyAck, on);
+}
+
+Status Notifier::Send(uint64_t cluster_id, const std::string &name, const std::string &message, int32_t timeout_ms) {
   if (name.size() > kMaxNotifyName)
     return Fail(LLM_PARAM_INVALID, "notify name has %zu bytes (at most %zu)", name.size(), kMaxNotifyName);
   if (timeout_ms <= 0) return Fail(LLM_PARAM_INVALID, "timeout %d ms must be > 0", timeout_ms);
   if (message.size() > kMaxNotifyMessage)
     return Fail(LLM_PARAM_INVALID, "notify message has %zu bytes (at most %zu)", message.size(), kMaxNotifyMessage);
-  auto link = links_.FindAlive(cluster_id);
+  auto link = links_->FindAlive(cluster_id);
   if (!link) return Fail(LLM_NOT_YET_LINK, "cluster %llu is not linked", static_cast<unsigned long long>(cluster_id));
   const int64_t deadline = NowNs() + static_cast<int64_t>(timeout_ms) * kMsNs;
   Notify m;
@@ -52,7 +74,7 @@ Status Impl::SendNotify(uint64_t cluster_id, const std::string &name, const std:
       return Fail(LLM_LINK_FAILED, "the link to cluster %llu failed", static_cast<unsigned long long>(cluster_id));
     const int64_t left = deadline - NowNs();
     if (left <= 0) {
-      // A late ack is dropped by OnNotify: nobody waits for it any more.
+      // A late ack is dropped by OnFrame: nobody waits for it any more.
       return Fail(LLM_TIMEOUT, "cluster %llu did not acknowledge the notification within %d ms",
                   static_cast<unsigned long long>(cluster_id), timeout_ms);
     }
@@ -61,7 +83,7 @@ Status Impl::SendNotify(uint64_t cluster_id, const std::string &name, const std:
   }
 }
 
-void Impl::OnNotify(const std::shared_ptr<struct Link> &link, uint16_t type, const std::string &payload) {
+void Notifier::OnFrame(const std::shared_ptr<Link> &link, uint16_t type, const std::string &payload) {
   Notify m;
   if (!Decode(payload, &m)) {
     LogWarn("cluster %llu sent a malformed notification; ignored",
@@ -81,11 +103,11 @@ void Impl::OnNotify(const std::shared_ptr<struct Link> &link, uint16_t type, con
   Notify ack;
   ack.seq = m.seq;
   {
-    std::lock_guard<std::mutex> g(notify_mu_);
-    if (notifies_.size() >= kMaxQueuedNotifies) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (queue_.size() >= kMaxQueuedNotifies) {
       ack.status = LLM_LINK_BUSY;
     } else {
-      notifies_.push_back(NotifyMessage{link->remote_cluster_id, std::move(m.name), std::move(m.message)});
+      queue_.push_back(NotifyMessage{link->remote_cluster_id, std::move(m.name), std::move(m.message)});
       metrics::Add(link->stats->notifies_received);
     }
   }
@@ -94,18 +116,19 @@ void Impl::OnNotify(const std::shared_ptr<struct Link> &link, uint16_t type, con
   link->SendCtrl(kNotifyAck, NowNs() + kSecNs, out);
 }
 
-Status Impl::GetNotifies(std::vector<NotifyMessage> *out) {
-  std::shared_lock<std::shared_mutex> lk(state_mu_);
-  out->clear();
-  if (!initialized()) return Fail(LLM_FAILED, "the engine is not initialized");
+void Notifier::Take(std::vector<NotifyMessage> *out) {
   std::deque<NotifyMessage> taken;
   {
-    std::lock_guard<std::mutex> g(notify_mu_);
-    taken.swap(notifies_);
+    std::lock_guard<std::mutex> g(mu_);
+    taken.swap(queue_);
   }
-  out->reserve(taken.size());
+  out->reserve(out->size() + taken.size());
   for (auto &n : taken) out->push_back(std::move(n));
-  return LLM_SUCCESS;
+}
+
+void Notifier::Clear() {
+  std::lock_guard<std::mutex> g(mu_);
+  queue_.clear();
 }
 
 }  // namespace kvblocks

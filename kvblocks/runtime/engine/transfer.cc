@@ -10,6 +10,7 @@
 #include "kvblocks/error.h"
 #include "common/util.h"
 #include "engine/engine.h"
+#include "engine/late.h"
 #include "engine/transfer.h"
 #include "engine/layer_push.h"
 #include "plan/layout.h"
@@ -144,7 +145,7 @@ Status Impl::FindRemote(Transfer *t, int64_t cache_id) {
   } else {
     // Not in the link-time table: registered later (asked once, then kept), or unknown.
     std::shared_ptr<RemoteCache> rc;
-    const Status st = FindLateRemote(t->link, cache_id, t->deadline, &rc);
+    const Status st = late_->FindRemote(t->link, cache_id, t->deadline, &rc);
     if (st != LLM_SUCCESS) return st;
     t->remote = rc.get();
     t->remote_hold = std::move(rc);
@@ -417,7 +418,7 @@ Status Impl::ResolvePiece(const Transfer &base, const LayerPiece &pc, int64_t *c
   const auto &caches = base.link->caches;
   if (pc.dst_cache_id > 0) {
     std::shared_ptr<RemoteCache> rc;
-    const Status st = FindLateRemote(base.link, pc.dst_cache_id, base.deadline, &rc);  // link-time ones too
+    const Status st = late_->FindRemote(base.link, pc.dst_cache_id, base.deadline, &rc);  // link-time ones too
     if (st != LLM_SUCCESS) return st;
     if (pc.dst_tensor >= rc->num_tensors)
       return Fail(LLM_PARAM_INVALID, "remote cache %lld has %u tensors; tensor %u was asked for",
@@ -557,7 +558,7 @@ Status Impl::FindRemoteCache(uint64_t cluster_id, int64_t key, int64_t *cache_id
       }
   }
   std::shared_ptr<RemoteCache> rc;
-  if ((st = FindLateKey(t.link, kQueryByCacheKey, key, NowNs() + wait_time_ms_ * kMsNs, &rc)) != LLM_SUCCESS)
+  if ((st = late_->FindKey(t.link, kQueryByCacheKey, key, NowNs() + wait_time_ms_ * kMsNs, &rc)) != LLM_SUCCESS)
     return st;
   *cache_id = rc->id;
   return LLM_SUCCESS;
@@ -568,7 +569,7 @@ Status Impl::DescribeRemoteCache(uint64_t cluster_id, int64_t cache_id, RemoteCa
   Status st;
   if ((st = FindLink(&t, cluster_id)) != LLM_SUCCESS) return st;
   std::shared_ptr<RemoteCache> found;
-  if ((st = FindLateRemote(t.link, cache_id, NowNs() + wait_time_ms_ * kMsNs, &found)) != LLM_SUCCESS) return st;
+  if ((st = late_->FindRemote(t.link, cache_id, NowNs() + wait_time_ms_ * kMsNs, &found)) != LLM_SUCCESS) return st;
   const RemoteCache &rc = *found;
   out->cache_id = rc.id;
   out->key = rc.key;
@@ -646,7 +647,7 @@ Status Impl::FindRemoteKey(uint64_t cluster_id, int64_t key, int64_t *cache_id, 
     return LLM_SUCCESS;
   }
   std::shared_ptr<RemoteCache> rc;
-  if ((st = FindLateKey(t.link, kQueryByBatchKey, key, NowNs() + wait_time_ms_ * kMsNs, &rc)) != LLM_SUCCESS)
+  if ((st = late_->FindKey(t.link, kQueryByBatchKey, key, NowNs() + wait_time_ms_ * kMsNs, &rc)) != LLM_SUCCESS)
     return st;
   const int where = KeyIn(*rc, key, batch_index);  // the answer holds it (engine/late.cc checked)
   if (where == 2) return released();
