@@ -9,6 +9,10 @@
 * ``layout/{shm,cma}/pairs-655360/prepared``: 80 layers x 2 tensors x 4,096 blocks of 256 bytes, no
   two blocks adjacent (655,360 block-tensor pairs), planned once; beside ``.../contiguous``: the same
   bytes in one contiguous range per tensor. (prepared - contiguous) / 655,360 is the overhead per pair.
+* ``layout/pairs-655360/numpy-{contiguous,strided}``: the same two copies by numpy in this process
+  (one thread), timed in the prepared case's rounds: (strided - contiguous) / 655,360 is what the
+  shape itself costs per pair (every other 256-byte block of memory), so the prepared plan's
+  overhead beyond the copy is its own per-pair figure minus this one.
 * ``layout/plan/{80x2x4096,61x1x8192}``: prepare_transfer of that many pairs (block lists as
   numpy arrays), beside nothing: compare with the time the same path takes to move 1 GiB.
 """
@@ -81,6 +85,27 @@ def _pairs_case(path, variant):
                      f"{'one range per tensor' if variant == 'contiguous' else 'prepared, no two blocks adjacent'}")
 
 
+def _numpy_pairs_case(variant):
+    nt = LAYERS * TENSORS
+
+    def make(h):
+        np = _np()
+        src = np.full((nt, 2 * PB, PBB), 1, np.uint8)
+        dst = np.zeros_like(src)
+        if variant == "contiguous":
+            def fn():
+                dst[:, :PB] = src[:, :PB]
+        else:
+            def fn():
+                dst[:, 1::2] = src[:, 0::2]  # every other block, as the prepared case
+        return fn, None
+
+    return Case(f"layout/pairs-{nt * PB}/numpy-{variant}", "layout", make, bytes=nt * PB * PBB, blocks=nt * PB,
+                reps="large", path="raw", pgroup="layout-pairs-shm",
+                note=f"numpy copy in this process of the same bytes, "
+                     f"{'one range per tensor' if variant == 'contiguous' else 'every other 256-byte block'}")
+
+
 def _plan_case(layers, tensors, blocks):
     nt = layers * tensors
 
@@ -104,6 +129,10 @@ def layout_cases():
             cases += [_transfer_case(path, size, v) for v in ("plain", "transform", "prepared")]
     for path in ("shm", "cma"):
         cases += [_pairs_case(path, v) for v in ("contiguous", "prepared")]
+    floors = [_numpy_pairs_case(v) for v in ("contiguous", "strided")]
+    cases += floors
+    shm_prepared = next(c for c in cases if c.id == f"layout/shm/pairs-{LAYERS * TENSORS * PB}/prepared")
+    shm_prepared.beside = tuple(f.id for f in floors)  # timed in its rounds
     cases += [_plan_case(80, 2, 4096), _plan_case(61, 1, 8192)]
     return cases
 
