@@ -35,7 +35,7 @@ def transfer_table(runs):
     out = ["| path | size | case | ratio to plain (median [min-max]) | GB/s | plain GB/s |", "|---|---|---|---|---|---|"]
     for path in ("shm", "cma", "tcp"):
         for size in (64, 256):
-            for v in ("transform", "prepared"):
+            for v in ("transform", "prepared", "heads", "nhd-hnd"):
                 cid = f"layout/{path}/{size}MiB/{v}"
                 got = [r[cid] for r, _ in runs if cid in r]
                 if not got:
