@@ -64,6 +64,14 @@ constexpr uint64_t kGapBytes = 2048;         // about one remote iovec's pinning
 constexpr uint64_t kPieceBytes = 1ULL << 20;  // remote bytes per work item (and per deadline check)
 constexpr uint64_t kStageBytes = kPieceBytes + 2 * kSmallRangeBytes + kGapBytes;  // a piece's staged bytes, at most
 
+// A piece is one thread's and one look at the clock: a range longer than a piece (rare in a plan of
+// small ranges) goes the usual way, cut by Chunking.
+bool NoLongRange(const Plan &plan) {
+  for (const Segment &g : plan.segs)
+    if (g.len > kPieceBytes) return false;
+  return true;
+}
+
 // The plan in remote order, cut into pieces of about kPieceBytes of remote bytes (gaps included).
 struct Merged {
   const std::vector<uint32_t> &order;
@@ -175,7 +183,7 @@ class CmaPath : public Path {
   const char *name() const override { return "cma"; }
   PathMode mode() const override { return PathMode::kLocalCopy; }
   Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
-    if (plan.SmallRanges()) return ExecuteMerged(plan, local, pull, deadline);
+    if (plan.SmallRanges() && NoLongRange(plan)) return ExecuteMerged(plan, local, pull, deadline);
     const Chunking chunks(plan, kDeadlineCheckBytes);
     auto one = [&](size_t c) {
       return CmaChunk(chunks, plan, static_cast<pid_t>(pid_), remote_, local.addrs, pull, deadline, c);
