@@ -146,23 +146,22 @@ Status MergedChunk(const Merged &m, const Plan &plan, pid_t pid, uint64_t rbase,
   call.staged = call.pending = 0;
   for (size_t k = m.cuts[piece]; k < m.cuts[piece + 1]; ++k) {
     const Segment &g = plan.segs[m.order[k]];
-    uint8_t *const r = reinterpret_cast<uint8_t *>(rbase + (pull ? g.src_off : g.dst_off));
+    const uint64_t r = rbase + (pull ? g.src_off : g.dst_off);  // the peer's address: arithmetic only
     uint8_t *const l = reinterpret_cast<uint8_t *>(lbase + (pull ? g.dst_off : g.src_off));
     if (call.liov.size() + 2 > IOV_MAX || call.riov.size() >= IOV_MAX ||
         call.staged + g.len + kGapBytes > kStageBytes) {
       const Status st = call.Flush(pid, pull);
       if (st != LLM_SUCCESS) return st;
     }
-    uint8_t *const end =
-        call.riov.empty() ? nullptr : static_cast<uint8_t *>(call.riov.back().iov_base) + call.riov.back().iov_len;
-    const bool join = end != nullptr && r >= end && (r == end || (pull && static_cast<uint64_t>(r - end) <= kGapBytes));
-    if (join) {
-      const uint64_t gap = static_cast<uint64_t>(r - end);
+    const uint64_t end = call.riov.empty() ? 0 : reinterpret_cast<uint64_t>(call.riov.back().iov_base) +
+                                                     call.riov.back().iov_len;
+    if (!call.riov.empty() && r >= end && (r == end || (pull && r - end <= kGapBytes))) {
+      const uint64_t gap = r - end;
       if (gap > 0) call.Stage(gap);  // a gap of the same tensor, read and dropped
       call.riov.back().iov_len += gap + g.len;
       call.pending += gap;
     } else {
-      call.riov.push_back(iovec{r, g.len});
+      call.riov.push_back(iovec{reinterpret_cast<void *>(r), g.len});
     }
     if (g.len >= kSmallRangeBytes) {
       call.Local(l, g.len);
