@@ -4,11 +4,19 @@
 * ``layout/{shm,cma,tcp}/{64,256}MiB/transform``: a pull from a prefill-shaped cache (16 tokens x 8
   heads x 256-byte head chunks, NHD) into a decode-shaped one (32 tokens x 4 heads, HND): heads
   [0, 4) only, two source blocks per destination block, NHD -> HND; planned in the call.
-  ``.../prepared``: the same, planned once (PreparedTransfer.execute). Both beside
-  ``.../plain``: an untransformed pull of the same byte count on the same path.
+  ``.../prepared``: the same, planned once (PreparedTransfer.execute). ``.../heads``: the head slice
+  alone (heads [0, 4) of 8 into heads [0, 4) of the same NHD layout: half of every block, 1 KiB of
+  every 2 KiB on both sides); ``.../nhd-hnd``: the conversion alone (every head, 16 tokens, NHD ->
+  HND). All beside ``.../plain``: an untransformed pull of the same byte count on the same path.
+  (Block ratio 2 alone, NHD and every head, is whole source blocks into halves of destination
+  blocks: ranges as long as a plain pull's.)
 * ``layout/{shm,cma}/pairs-655360/prepared``: 80 layers x 2 tensors x 4,096 blocks of 256 bytes, no
   two blocks adjacent (655,360 block-tensor pairs), planned once; beside ``.../contiguous``: the same
   bytes in one contiguous range per tensor. (prepared - contiguous) / 655,360 is the overhead per pair.
+* ``layout/pairs-655360/numpy-{contiguous,strided}``: the same two copies by numpy in this process
+  (one thread), timed in the prepared case's rounds: (strided - contiguous) / 655,360 is what the
+  shape itself costs per pair (every other 256-byte block of memory), so the prepared plan's
+  overhead beyond the copy is its own per-pair figure minus this one.
 * ``layout/plan/{80x2x4096,61x1x8192}``: prepare_transfer of that many pairs (block lists as
   numpy arrays), beside nothing: compare with the time the same path takes to move 1 GiB.
 """
@@ -42,6 +50,13 @@ def _transfer_case(path, size, variant):
         if variant == "plain":
             return (lambda: p.dd.pull_kv_blocks(p.index, p.cache, dst, dst)), None
         sl, dl = _layouts()
+        if variant == "heads":
+            ids = _np().arange(2 * nd, dtype=_np().uint64)  # half of each of 2 nd blocks
+            return (lambda: p.dd.pull_kv_blocks_layout(p.index, p.cache, ids, ids, sl, sl, (0, 4), (0, 4))), None
+        if variant == "nhd-hnd":
+            import kvblocks as kb
+            hl = kb.BlockLayout(SRC[0], SRC[1], SRC[2], SRC[3], "HND")
+            return (lambda: p.dd.pull_kv_blocks_layout(p.index, p.cache, dst, dst, sl, hl)), None
         if variant == "transform":
             return (lambda: p.dd.pull_kv_blocks_layout(p.index, p.cache, src, dst, sl, dl, (0, 4), (0, 4))), None
         prep = p.dd.prepare_transfer(p.index, p.cache, src, dst, src_layout=sl, dst_layout=dl, src_heads=(0, 4),
@@ -51,7 +66,9 @@ def _transfer_case(path, size, variant):
     base = None if variant == "plain" else f"layout/{path}/{size // MiB}MiB/plain"
     note = {"plain": f"pull_kv_blocks of {nd} whole blocks x {NT} tensors",
             "transform": "heads [0,4) of 8, 16->32 tokens, NHD->HND, planned in the call",
-            "prepared": "the same transform, planned once"}[variant]
+            "prepared": "the same transform, planned once",
+            "heads": "heads [0,4) of 8 into [0,4) of 8, NHD both sides, planned in the call",
+            "nhd-hnd": "every head, 16 tokens, NHD->HND, planned in the call"}[variant]
     return Case(f"layout/{path}/{size // MiB}MiB/{variant}", "layout", make, baseline=base, bytes=size,
                 blocks=NT * nd, reps="large", path=path, pgroup=f"layout-{path}-{size // MiB}", note=note)
 
@@ -81,6 +98,27 @@ def _pairs_case(path, variant):
                      f"{'one range per tensor' if variant == 'contiguous' else 'prepared, no two blocks adjacent'}")
 
 
+def _numpy_pairs_case(variant):
+    nt = LAYERS * TENSORS
+
+    def make(h):
+        np = _np()
+        src = np.full((nt, 2 * PB, PBB), 1, np.uint8)
+        dst = np.zeros_like(src)
+        if variant == "contiguous":
+            def fn():
+                dst[:, :PB] = src[:, :PB]
+        else:
+            def fn():
+                dst[:, 1::2] = src[:, 0::2]  # every other block, as the prepared case
+        return fn, None
+
+    return Case(f"layout/pairs-{nt * PB}/numpy-{variant}", "layout", make, bytes=nt * PB * PBB, blocks=nt * PB,
+                reps="large", path="raw", pgroup="layout-pairs-shm",
+                note=f"numpy copy in this process of the same bytes, "
+                     f"{'one range per tensor' if variant == 'contiguous' else 'every other 256-byte block'}")
+
+
 def _plan_case(layers, tensors, blocks):
     nt = layers * tensors
 
@@ -101,9 +139,13 @@ def layout_cases():
     cases = []
     for path in ("shm", "cma", "tcp"):
         for size in (64 * MiB, 256 * MiB):
-            cases += [_transfer_case(path, size, v) for v in ("plain", "transform", "prepared")]
+            cases += [_transfer_case(path, size, v) for v in ("plain", "transform", "prepared", "heads", "nhd-hnd")]
     for path in ("shm", "cma"):
         cases += [_pairs_case(path, v) for v in ("contiguous", "prepared")]
+    floors = [_numpy_pairs_case(v) for v in ("contiguous", "strided")]
+    cases += floors
+    shm_prepared = next(c for c in cases if c.id == f"layout/shm/pairs-{LAYERS * TENSORS * PB}/prepared")
+    shm_prepared.beside = tuple(f.id for f in floors)  # timed in its rounds
     cases += [_plan_case(80, 2, 4096), _plan_case(61, 1, 8192)]
     return cases
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Plan (kvblocks/runtime/plan/): block lists become maximal runs of byte segments that move exactly
 // the bytes a block-by-block reference moves, in order.
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -63,4 +64,28 @@ TEST(plan_pairs_tensors_and_counts_total_bytes) {
   p.AddRange(0, 100, 10);
   p.AddRange(50, 0, 5);
   CHECK(p.bytes_per_tensor == 15 && p.total_bytes() == 45);
+}
+
+// Plan::Order (the remote-side order the cma and tcp paths use for small ranges) is a stable sort
+// by offset: wide keys (past 2^32, so the radix sort's upper passes run), ties in plan order, and
+// forgotten when a range is added.
+TEST(plan_order_is_a_stable_sort_by_offset) {
+  for (int round = 0; round < 300; ++round) {
+    Plan p;
+    const uint64_t n = Rand(300), wide = Rand(2) ? (1ULL << 40) : 64;
+    for (uint64_t i = 0; i < n; ++i) p.AddRange(Rand(wide) * (1 + Rand(3)), Rand(wide), 1 + Rand(8));
+    for (bool by_src : {true, false}) {
+      std::vector<uint32_t> want(n);
+      for (uint32_t i = 0; i < n; ++i) want[i] = i;
+      auto key = [&](uint32_t i) { return by_src ? p.segs[i].src_off : p.segs[i].dst_off; };
+      std::stable_sort(want.begin(), want.end(), [&](uint32_t x, uint32_t y) { return key(x) < key(y); });
+      CHECK(p.Order(by_src) == want);
+    }
+  }
+  Plan p;
+  p.AddRange(8, 0, 1);
+  p.AddRange(4, 1, 1);
+  CHECK((p.Order(true) == std::vector<uint32_t>{1, 0}));
+  p.AddRange(0, 2, 1);
+  CHECK((p.Order(true) == std::vector<uint32_t>{2, 1, 0}));  // the new range is taken in
 }

@@ -100,25 +100,35 @@ void AddLayoutBlocks(const LayoutTransform &x, const std::vector<uint64_t> &src,
   const uint64_t per_block = D.hnd ? n * D.tokens : D.tokens * (S.hnd ? n : 1);
   plan->segs.reserve(plan->segs.size() + dst.size() * per_block);
   for (size_t j = 0; j < dst.size(); ++j) {
-    const uint64_t first = j * D.tokens;  // the block's first token in the stream
+    // The block's first token in the stream, as (source list index, token): one division per block,
+    // then stepped (two 64-bit divisions per range were most of a large plan's build time).
+    const uint64_t first = j * D.tokens;
+    const size_t sb0 = static_cast<size_t>(first / S.tokens);
+    const uint64_t st0 = first % S.tokens;
     if (!D.hnd) {
+      size_t si = sb0;
+      uint64_t st = st0;
       for (uint64_t t = 0; t < D.tokens; ++t) {
-        const uint64_t k = first + t, sb = src[k / S.tokens], st = k % S.tokens;
+        const uint64_t sb = src[si];
         if (!S.hnd) {  // heads [a, a+n) of a token are contiguous on both sides
           Put(plan, S.At(sb, st, a), D.At(dst[j], t, c), n * cb);
-          continue;
+        } else {
+          for (uint64_t h = 0; h < n; ++h) Put(plan, S.At(sb, st, a + h), D.At(dst[j], t, c + h), cb);
         }
-        for (uint64_t h = 0; h < n; ++h) Put(plan, S.At(sb, st, a + h), D.At(dst[j], t, c + h), cb);
+        if (++st == S.tokens) st = 0, ++si;
       }
       continue;
     }
     for (uint64_t h = 0; h < n; ++h) {
+      size_t si = sb0;
+      uint64_t st = st0;
       for (uint64_t t = 0; t < D.tokens;) {
-        const uint64_t k = first + t, sb = src[k / S.tokens], st = k % S.tokens;
         // HND on both sides: a head's tokens are contiguous up to the end of either block.
         const uint64_t run = S.hnd ? std::min(D.tokens - t, S.tokens - st) : 1;
-        Put(plan, S.At(sb, st, a + h), D.At(dst[j], t, c + h), run * cb);
+        Put(plan, S.At(src[si], st, a + h), D.At(dst[j], t, c + h), run * cb);
         t += run;
+        st += run;
+        if (st == S.tokens) st = 0, ++si;
       }
     }
   }

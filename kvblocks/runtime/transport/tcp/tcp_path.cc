@@ -30,18 +30,33 @@ namespace {
 
 // A plan whose request would not fit one frame (kMaxRequestPayload) goes as several requests on
 // the same channel, each with every tensor and a run of the segments: [seg_begin, seg_end).
+// `order`, when set, lists the segments in the order they go on the wire (Plan::Order).
 struct Piece {
   size_t seg_begin, seg_end;
   uint64_t bytes_per_tensor;
+  const std::vector<uint32_t> *order;
 };
 
-std::vector<Piece> SplitPlan(const Plan &plan) {
+// The i-th segment of the plan in the piece's wire order.
+inline const Segment &Seg(const Plan &plan, const Piece &p, size_t i) {
+  return plan.segs[p.order ? (*p.order)[i] : i];
+}
+
+// Plans of many small ranges (a layout transform) go in the server's order: ranges adjacent in its
+// memory become one iovec there and it reads or writes them front to back. The kernel's copy per
+// iovec is not cheap (a 256-byte head chunk per iovec made the server's sendmsg copy most of a
+// transform's time), and this side's ranges are the ones it can afford to scatter.
+const std::vector<uint32_t> *WireOrder(const Plan &plan, bool pull) {
+  return plan.SmallRanges() ? &plan.Order(pull) : nullptr;
+}
+
+std::vector<Piece> SplitPlan(const Plan &plan, const std::vector<uint32_t> *order) {
   const uint64_t fixed = kRequestFixedBytes + 4ULL * plan.src_tensors.size();
   const size_t per = static_cast<size_t>((kMaxRequestPayload - fixed) / kRequestRangeBytes);
   std::vector<Piece> out;
   for (size_t b = 0; b < plan.segs.size(); b += per) {
-    Piece p{b, std::min(plan.segs.size(), b + per), 0};
-    for (size_t i = p.seg_begin; i < p.seg_end; ++i) p.bytes_per_tensor += plan.segs[i].len;
+    Piece p{b, std::min(plan.segs.size(), b + per), 0, order};
+    for (size_t i = p.seg_begin; i < p.seg_end; ++i) p.bytes_per_tensor += Seg(plan, p, i).len;
     out.push_back(p);
   }
   return out;
@@ -58,7 +73,7 @@ XferRequest MakeRequest(const Plan &plan, const Piece &piece, int64_t cache_id, 
   q.tensors = pull ? plan.src_tensors : plan.dst_tensors;
   q.ranges.reserve(piece.seg_end - piece.seg_begin);
   for (size_t i = piece.seg_begin; i < piece.seg_end; ++i) {
-    const Segment &g = plan.segs[i];
+    const Segment &g = Seg(plan, piece, i);
     q.ranges.push_back(ByteRange{pull ? g.src_off : g.dst_off, g.len});
   }
   return q;
@@ -70,7 +85,7 @@ void LocalIov(const Plan &plan, const Piece &piece, const CacheEntry &local, boo
   for (uint32_t t : tensors) {
     uint8_t *base = local.tensor(t);
     for (size_t i = piece.seg_begin; i < piece.seg_end; ++i) {
-      const Segment &g = plan.segs[i];
+      const Segment &g = Seg(plan, piece, i);
       AppendIov(iov, base + (pull ? g.dst_off : g.src_off), g.len);
     }
   }
@@ -83,7 +98,7 @@ PairList LocalPairs(const Plan &plan, const Piece &piece, const CacheEntry &loca
   PairList out;
   out.count = tensors.size() * ns;
   out.at = [&plan, &piece, &local, &tensors, ns, pull](size_t i) {
-    const Segment &g = plan.segs[piece.seg_begin + i % ns];
+    const Segment &g = Seg(plan, piece, piece.seg_begin + i % ns);
     return iovec{local.tensor(tensors[i / ns]) + (pull ? g.dst_off : g.src_off), static_cast<size_t>(g.len)};
   };
   return out;
@@ -190,7 +205,7 @@ Status TcpPath::Mismatch(const Plan &plan, const Piece &piece, const CacheEntry 
                          uint64_t pair) const {
   const size_t ns = piece.seg_end - piece.seg_begin;
   const uint32_t t = (pull ? plan.dst_tensors : plan.src_tensors)[pair / ns];
-  const Segment &g = plan.segs[piece.seg_begin + pair % ns];
+  const Segment &g = Seg(plan, piece, piece.seg_begin + pair % ns);
   const uint64_t off = pull ? g.dst_off : g.src_off, stride = local.stride ? local.stride : 1;
   const uint64_t first = off / stride, last = (off + g.len - 1) / stride;
   char blocks[64];
@@ -277,7 +292,7 @@ Status TcpPath::Execute(const Plan &plan, const CacheEntry &local, bool pull, in
   if (fd < 0) return st;
   bool reusable = true;
   st = LLM_SUCCESS;
-  for (const Piece &piece : SplitPlan(plan)) {
+  for (const Piece &piece : SplitPlan(plan, WireOrder(plan, pull))) {
     if (link_->integrity) {
       reusable = false;
       if ((st = ExchangeChecked(fd, plan, piece, local, pull, deadline, &reusable)) != LLM_SUCCESS) break;
@@ -320,7 +335,7 @@ const void *TcpPath::PipelineKey(const Plan &plan, bool) const {
 
 void TcpPath::Build(const PipeItem &it, Pending *p) const {
   const Plan &plan = *it.plan;
-  const Piece piece = SplitPlan(plan).front();
+  const Piece piece = SplitPlan(plan, nullptr).front();
   p->item = it;
   Encode(MakeRequest(plan, piece, cache_id_, it.pull, it.deadline, link_->clock_offset_ns), &p->body);
   p->total = piece.bytes_per_tensor * plan.src_tensors.size();
