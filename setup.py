@@ -17,7 +17,9 @@ Environment switches:
       LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 pytest
       (CPython's own allocations would read as leaks). .ci/run does this.
 
-A build whose flags differ from the previous one in the same build/ folder recompiles everything.
+A sanitizer build has its own build folder (build/san), so that it and the plain build (build/) stay
+incremental side by side (CI builds both). A build whose flags differ from the previous one in the
+same build folder recompiles everything.
 """
 import os
 import shutil
@@ -203,4 +205,6 @@ def extensions():
                      annotate=os.environ.get("KVBLOCKS_CYTHON_ANNOTATE") == "1")
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExt, "build_py": BuildPy})
+# The sanitizer build keeps its objects apart: switching between it and the plain build then rebuilds nothing.
+OPTIONS = {"build": {"build_base": os.path.join("build", "san")}} if SANITIZE else {}
+setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExt, "build_py": BuildPy}, options=OPTIONS)

@@ -1,0 +1,102 @@
+# shellcheck shell=bash
+# Shared by .ci/run and its parts (.ci/vllm.sh, .ci/ucx.sh, ...): venvs, the one kvblocks wheel of a
+# run, and timed parts with a table at the end. Source it; it changes no shell option.
+#
+#   ci_begin                 start of .ci/run: a fresh times file and load sampler
+#   ci_part NAME CMD...      runs CMD as part NAME: prints and records exit, wall and CPU seconds, load
+#   ci_end                   the time table; returns non-zero when a part failed
+#   ci_venv DIR              a fresh venv at DIR (reused with KEEP_VENV=1), activated
+#   ci_install SPEC EXTRAS   pip install kvblocks[EXTRAS]: the run's wheel ($KVBLOCKS_WHEEL) when set,
+#                            else built from this checkout; SPEC: more requirements (may be empty)
+#   ci_wheel                 builds the run's wheel once into $CI_DIST and exports KVBLOCKS_WHEEL
+
+CI_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CI_DIST=${CI_DIST:-$CI_ROOT/build/ci-dist}
+CI_TIMES=${CI_TIMES:-$CI_ROOT/build/ci-times.tsv}
+CI_LOADS=${CI_LOADS:-$CI_ROOT/build/ci-loads.txt}
+CI_FAILED=${CI_FAILED:-}
+
+ci_log() { echo "ci: $*" >&2; }
+
+# CPU seconds (user + system, clock ticks) of the children this shell has waited for.
+ci_cpu_ticks() { awk '{print $16 + $17}' "/proc/$$/stat"; }
+
+ci_begin() {
+  mkdir -p "$(dirname "$CI_TIMES")"
+  : > "$CI_TIMES"
+  : > "$CI_LOADS"
+  # The 1-minute load every 5 s: the table gives each part's mean (the machine may be shared).
+  (while :; do echo "$(date +%s) $(cut -d' ' -f1 /proc/loadavg)" >> "$CI_LOADS"; sleep 5; done) &
+  CI_SAMPLER=$!
+  CI_START=$(date +%s)
+}
+
+ci_part() {
+  local name=$1 t0 t1 c0 c1 rc
+  shift
+  t0=$(date +%s); c0=$(ci_cpu_ticks)
+  ci_log "=== part $name: start at $(date -u +%H:%M:%S) (load $(cut -d' ' -f1 /proc/loadavg))"
+  "$@"
+  rc=$?
+  t1=$(date +%s); c1=$(ci_cpu_ticks)
+  local load
+  load=$(awk -v a="$t0" -v b="$t1" -v now="$(cut -d' ' -f1 /proc/loadavg)" \
+    '$1 >= a && $1 <= b {s += $2; n++} END {printf "%.1f", n ? s / n : now}' "$CI_LOADS" 2>/dev/null)
+  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$((t1 - t0))" "$(((c1 - c0) / $(getconf CLK_TCK)))" "$load" \
+    >> "$CI_TIMES"
+  ci_log "=== part $name: exit $rc after $((t1 - t0)) s (CPU $(((c1 - c0) / $(getconf CLK_TCK))) s, mean load $load)"
+  [ "$rc" = 0 ] || CI_FAILED="$CI_FAILED $name"
+  return "$rc"
+}
+
+ci_end() {
+  [ -n "${CI_SAMPLER:-}" ] && kill "$CI_SAMPLER" 2>/dev/null
+  local cores
+  cores=$(nproc)
+  echo
+  echo "ci: time table ($cores cores; 'idle est.': wall less the CPU time lost to the mean load, a rough"
+  echo "ci: estimate of the part on an idle machine: wall - CPU * (load / cores - 1) when load > cores)"
+  awk -F'\t' -v cores="$cores" -v total="$(($(date +%s) - CI_START))" '
+    BEGIN { printf "%-12s %5s %7s %7s %6s %10s\n", "part", "exit", "wall s", "CPU s", "load", "idle est." }
+    {
+      f = ($5 > cores) ? $5 / cores - 1 : 0
+      est = $3 - $4 * f; if (est < $4 / cores) est = $4 / cores
+      printf "%-12s %5s %7d %7d %6s %10d\n", $1, $2, $3, $4, $5, est
+      w += $3; c += $4; e += est
+    }
+    END { printf "%-12s %5s %7d %7d %6s %10d\n", "total", "", total, c, "", e }' "$CI_TIMES"
+  if [ -n "$CI_FAILED" ]; then
+    ci_log "failed parts:$CI_FAILED"
+    return 1
+  fi
+}
+
+ci_venv() {
+  local dir=$1
+  if [ "${KEEP_VENV:-0}" != 1 ] || [ ! -x "$dir/bin/python" ]; then
+    rm -rf "$dir"
+    python3 -m venv "$dir" || return 1
+  fi
+  # shellcheck disable=SC1091
+  . "$dir/bin/activate"
+  python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+}
+
+ci_wheel() {
+  rm -rf "$CI_DIST"
+  # In-tree build: it reuses build/ from the README part's install, so this is packaging only.
+  python3 -m pip wheel -q --no-deps -w "$CI_DIST" "$CI_ROOT" || return 1
+  KVBLOCKS_WHEEL=$(ls "$CI_DIST"/kvblocks-*.whl) || return 1
+  export KVBLOCKS_WHEEL
+  ci_log "wheel: $KVBLOCKS_WHEEL ($(du -k "$KVBLOCKS_WHEEL" | cut -f1) KiB)"
+}
+
+ci_install() {
+  local more=$1 extras=$2
+  # shellcheck disable=SC2086
+  if [ -n "${KVBLOCKS_WHEEL:-}" ]; then
+    pip install -q $more "kvblocks[$extras] @ file://$KVBLOCKS_WHEEL"
+  else
+    pip install -q $more "$CI_ROOT[$extras]"
+  fi
+}
