@@ -14,6 +14,7 @@ CI_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CI_DIST=${CI_DIST:-$CI_ROOT/build/ci-dist}
 CI_TIMES=${CI_TIMES:-$CI_ROOT/build/ci-times.tsv}
 CI_LOADS=${CI_LOADS:-$CI_ROOT/build/ci-loads.txt}
+CI_SHARES=${CI_SHARES:-$CI_ROOT/build/ci-shares.txt}
 CI_FAILED=${CI_FAILED:-}
 
 ci_log() { echo "ci: $*" >&2; }
@@ -25,9 +26,13 @@ ci_begin() {
   mkdir -p "$(dirname "$CI_TIMES")"
   : > "$CI_TIMES"
   : > "$CI_LOADS"
-  # The 1-minute load every 5 s: the table gives each part's mean (the machine may be shared).
+  : > "$CI_SHARES"
+  # The machine may be shared. Every 5 s: the 1-minute load, and the share of a core a thread of this
+  # priority gets (.ci/cpu_share.py); the table gives each part's mean load and an idle estimate.
   (while :; do echo "$(date +%s) $(cut -d' ' -f1 /proc/loadavg)" >> "$CI_LOADS"; sleep 5; done) &
   CI_SAMPLER=$!
+  python3 "$CI_ROOT/.ci/cpu_share.py" 5 >> "$CI_SHARES" &
+  CI_PROBE=$!
   CI_START=$(date +%s)
 }
 
@@ -42,8 +47,12 @@ ci_part() {
   local load
   load=$(awk -v a="$t0" -v b="$t1" -v now="$(cut -d' ' -f1 /proc/loadavg)" \
     '$1 >= a && $1 <= b {s += $2; n++} END {printf "%.1f", n ? s / n : now}' "$CI_LOADS" 2>/dev/null)
-  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$((t1 - t0))" "$(((c1 - c0) / $(getconf CLK_TCK)))" "$load" \
-    >> "$CI_TIMES"
+  # mean of 1/share: how much slower than on a free core the part's CPU work ran
+  local slow
+  slow=$(awk -v a="$t0" -v b="$t1" '$1 >= a && $1 <= b && $2 > 0 {s += 1 / $2; n++} END {printf "%.2f", n ? s / n : 1}' \
+    "$CI_SHARES" 2>/dev/null)
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$((t1 - t0))" "$(((c1 - c0) / $(getconf CLK_TCK)))" "$load" \
+    "${slow:-1}" >> "$CI_TIMES"
   ci_log "=== part $name: exit $rc after $((t1 - t0)) s (CPU $(((c1 - c0) / $(getconf CLK_TCK))) s, mean load $load)"
   [ "$rc" = 0 ] || CI_FAILED="$CI_FAILED $name"
   return "$rc"
@@ -51,20 +60,21 @@ ci_part() {
 
 ci_end() {
   [ -n "${CI_SAMPLER:-}" ] && kill "$CI_SAMPLER" 2>/dev/null
+  [ -n "${CI_PROBE:-}" ] && kill "$CI_PROBE" 2>/dev/null
   local cores
   cores=$(nproc)
   echo
-  echo "ci: time table ($cores cores; 'idle est.': wall less the CPU time lost to the mean load, a rough"
-  echo "ci: estimate of the part on an idle machine: wall - CPU * (load / cores - 1) when load > cores)"
+  echo "ci: time table ($cores cores). 'slowdown': mean over the part of 1 / the share of a core a thread"
+  echo "ci: got (.ci/cpu_share.py; 1.0 on a free core). 'idle est.': the part on an idle machine, estimated"
+  echo "ci: as wall - CPU * (slowdown - 1), at least CPU / $cores."
   awk -F'\t' -v cores="$cores" -v total="$(($(date +%s) - CI_START))" '
-    BEGIN { printf "%-12s %5s %7s %7s %6s %10s\n", "part", "exit", "wall s", "CPU s", "load", "idle est." }
+    BEGIN { printf "%-12s %5s %7s %7s %6s %9s %10s\n", "part", "exit", "wall s", "CPU s", "load", "slowdown", "idle est." }
     {
-      f = ($5 > cores) ? $5 / cores - 1 : 0
-      est = $3 - $4 * f; if (est < $4 / cores) est = $4 / cores
-      printf "%-12s %5s %7d %7d %6s %10d\n", $1, $2, $3, $4, $5, est
-      w += $3; c += $4; e += est
+      est = $3 - $4 * ($6 - 1); if (est < $4 / cores) est = $4 / cores
+      printf "%-12s %5s %7d %7d %6s %9s %10d\n", $1, $2, $3, $4, $5, $6, est
+      c += $4; e += est
     }
-    END { printf "%-12s %5s %7d %7d %6s %10d\n", "total", "", total, c, "", e }' "$CI_TIMES"
+    END { printf "%-12s %5s %7d %7d %6s %9s %10d\n", "total", "", total, c, "", "", e }' "$CI_TIMES"
   if [ -n "$CI_FAILED" ]; then
     ci_log "failed parts:$CI_FAILED"
     return 1
