@@ -4,6 +4,9 @@
 #
 #   ci_begin                 start of .ci/run: a fresh times file and load sampler
 #   ci_part NAME CMD...      runs CMD as part NAME: prints and records exit, wall and CPU seconds, load
+#   ci_bg NAME CMD...        ci_part in the background at nice 10 (foreground parts keep their timing),
+#                            its output in build/ci-NAME.log, shown by ci_wait
+#   ci_wait                  waits for the background parts, shows their output, records failures
 #   ci_end                   the time table; returns non-zero when a part failed
 #   ci_venv DIR              a fresh venv at DIR (reused with KEEP_VENV=1), activated
 #   ci_install SPEC EXTRAS   pip install kvblocks[EXTRAS]: the run's wheel ($KVBLOCKS_WHEEL) when set,
@@ -19,8 +22,8 @@ CI_FAILED=${CI_FAILED:-}
 
 ci_log() { echo "ci: $*" >&2; }
 
-# CPU seconds (user + system, clock ticks) of the children this shell has waited for.
-ci_cpu_ticks() { awk '{print $16 + $17}' "/proc/$$/stat"; }
+# CPU time (user + system, clock ticks) of the children shell $1 has waited for.
+ci_cpu_ticks() { awk '{print $16 + $17}' "/proc/$1/stat"; }
 
 ci_begin() {
   mkdir -p "$(dirname "$CI_TIMES")"
@@ -37,13 +40,13 @@ ci_begin() {
 }
 
 ci_part() {
-  local name=$1 t0 t1 c0 c1 rc
+  local name=$1 t0 t1 c0 c1 rc me=$BASHPID
   shift
-  t0=$(date +%s); c0=$(ci_cpu_ticks)
+  t0=$(date +%s); c0=$(ci_cpu_ticks "$me")
   ci_log "=== part $name: start at $(date -u +%H:%M:%S) (load $(cut -d' ' -f1 /proc/loadavg))"
   "$@"
   rc=$?
-  t1=$(date +%s); c1=$(ci_cpu_ticks)
+  t1=$(date +%s); c1=$(ci_cpu_ticks "$me")
   local load
   load=$(awk -v a="$t0" -v b="$t1" -v now="$(cut -d' ' -f1 /proc/loadavg)" \
     '$1 >= a && $1 <= b {s += $2; n++} END {printf "%.1f", n ? s / n : now}' "$CI_LOADS" 2>/dev/null)
@@ -51,11 +54,30 @@ ci_part() {
   local slow
   slow=$(awk -v a="$t0" -v b="$t1" '$1 >= a && $1 <= b && $2 > 0 {s += 1 / $2; n++} END {printf "%.2f", n ? s / n : 1}' \
     "$CI_SHARES" 2>/dev/null)
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$((t1 - t0))" "$(((c1 - c0) / $(getconf CLK_TCK)))" "$load" \
-    "${slow:-1}" >> "$CI_TIMES"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$((t1 - t0))" "$(((c1 - c0) / $(getconf CLK_TCK)))" "$load" \
+    "${slow:-1}" "${CI_MODE:-fg}" >> "$CI_TIMES"
   ci_log "=== part $name: exit $rc after $((t1 - t0)) s (CPU $(((c1 - c0) / $(getconf CLK_TCK))) s, mean load $load)"
   [ "$rc" = 0 ] || CI_FAILED="$CI_FAILED $name"
   return "$rc"
+}
+
+CI_BG=()
+ci_bg() {
+  local name=$1
+  ci_log "=== part $name: in the background (output: build/ci-$name.log)"
+  (renice -n 10 "$BASHPID" >/dev/null; CI_MODE=bg ci_part "$@") > "$CI_ROOT/build/ci-$name.log" 2>&1 &
+  CI_BG+=("$name:$!")
+}
+
+ci_wait() {
+  local entry name pid
+  for entry in "${CI_BG[@]}"; do
+    name=${entry%%:*}; pid=${entry##*:}
+    wait "$pid" || CI_FAILED="$CI_FAILED $name"
+    ci_log "=== output of the background part $name:"
+    cat "$CI_ROOT/build/ci-$name.log"
+  done
+  CI_BG=()
 }
 
 ci_end() {
@@ -66,15 +88,17 @@ ci_end() {
   echo
   echo "ci: time table ($cores cores). 'slowdown': mean over the part of 1 / the share of a core a thread"
   echo "ci: got (.ci/cpu_share.py; 1.0 on a free core). 'idle est.': the part on an idle machine, estimated"
-  echo "ci: as wall - CPU * (slowdown - 1), at least CPU / $cores."
+  echo "ci: as wall - CPU * (slowdown - 1), at least CPU / $cores. Background parts (bg) overlap the others:"
+  echo "ci: the idle total is the longer of the foreground and background sums."
   awk -F'\t' -v cores="$cores" -v total="$(($(date +%s) - CI_START))" '
-    BEGIN { printf "%-12s %5s %7s %7s %6s %9s %10s\n", "part", "exit", "wall s", "CPU s", "load", "slowdown", "idle est." }
+    BEGIN { printf "%-14s %5s %7s %7s %6s %9s %10s\n", "part", "exit", "wall s", "CPU s", "load", "slowdown", "idle est." }
     {
       est = $3 - $4 * ($6 - 1); if (est < $4 / cores) est = $4 / cores
-      printf "%-12s %5s %7d %7d %6s %9s %10d\n", $1, $2, $3, $4, $5, $6, est
-      c += $4; e += est
+      printf "%-14s %5s %7d %7d %6s %9s %10d\n", $1 ($7 == "bg" ? " (bg)" : ""), $2, $3, $4, $5, $6, est
+      c += $4; e[$7] += est
     }
-    END { printf "%-12s %5s %7d %7d %6s %9s %10d\n", "total", "", total, c, "", "", e }' "$CI_TIMES"
+    END { printf "%-14s %5s %7d %7d %6s %9s %10d\n", "total", "", total, c, "", "", (e["fg"] > e["bg"] ? e["fg"] : e["bg"]) }' \
+    "$CI_TIMES"
   if [ -n "$CI_FAILED" ]; then
     ci_log "failed parts:$CI_FAILED"
     return 1
