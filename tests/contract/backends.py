@@ -261,11 +261,12 @@ def timed(fn):
 
 
 def start(fn):
-    """Runs ``fn`` on a thread; returns (thread, out) where out gets "status" and "elapsed"."""
+    """Runs ``fn`` on a thread; returns (thread, out) where out gets "status", "elapsed" and "end"."""
     out = {}
 
     def run():
         out["status"], out["elapsed"] = timed(fn)
+        out["end"] = time.monotonic()
 
     th = threading.Thread(target=run, daemon=True)
     th.start()

@@ -186,7 +186,8 @@ def test_killed_peer_fails_the_next_call(make, sched, backend):
 
 def test_killed_peer_fails_a_waiting_call_fast(make, sched, backend):
     """A served backend: a pull waits on a frozen peer (5 s deadline); killing the peer ends it with a
-    failure within a few wake-ups and the link's own detection time, long before the deadline."""
+    failure within 100 ms of SIGKILL (the link noticing its sockets close; UCX: 19-22 ms
+    measured, README) plus the allowance, long before the deadline."""
     _needs_a_process(backend)
     if backend not in SERVED:
         pytest.skip("one-sided: a call never waits on the peer's threads")
@@ -198,13 +199,15 @@ def test_killed_peer_fails_a_waiting_call_fast(make, sched, backend):
     while not any(p["in_flight"] for peer in x.me.metrics()["peers"] for p in peer["paths"]):
         assert time.monotonic() < deadline and th.is_alive(), "the call never went in flight"
         time.sleep(sched.lateness)
-    x.kill()
+    allowance = sched.allowance()
+    killed_at = time.monotonic()
+    x.kill()  # returns once the process is dead (every thread gone or a zombie) and reaped
     th.join(5)
     assert not th.is_alive(), "the call outlived its deadline"
-    print(f"\n{backend}: a pull waiting on a killed peer returned {out['status'].name} after "
-          f"{out['elapsed'] * 1e3:.0f} ms")
+    print(f"\n{backend}: a pull waiting on a killed peer returned {out['status'].name} "
+          f"{(out['end'] - killed_at) * 1e3:.0f} ms after SIGKILL")
     assert out["status"] in (S.LLM_LINK_FAILED, S.LLM_NOT_YET_LINK), out["status"]
-    assert out["elapsed"] < 2.5, "a dead peer must fail the call, not its deadline"
+    assert out["end"] - killed_at <= 0.1 + allowance, "a dead peer must fail the call, not its deadline"
     assert x.local_filled()
 
 
