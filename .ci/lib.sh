@@ -4,7 +4,8 @@
 #
 #   ci_begin                 start of .ci/run: a fresh times file and load sampler
 #   ci_part NAME CMD...      runs CMD as part NAME: prints and records exit, wall and CPU seconds, load
-#   ci_bg NAME CMD...        ci_part in the background at nice 10 (foreground parts keep their timing),
+#   ci_bg NAME CMD...        ci_part in the background at nice $CI_BG_NICE (default 5: foreground parts
+#                            keep their timing; 10 starved them behind other users of a shared machine),
 #                            its output in build/ci-NAME.log, shown by ci_wait
 #   ci_wait                  waits for the background parts, shows their output, records failures
 #   ci_end                   the time table; returns non-zero when a part failed
@@ -65,7 +66,7 @@ CI_BG=()
 ci_bg() {
   local name=$1
   ci_log "=== part $name: in the background (output: build/ci-$name.log)"
-  (renice -n 10 "$BASHPID" >/dev/null; CI_MODE=bg ci_part "$@") > "$CI_ROOT/build/ci-$name.log" 2>&1 &
+  (renice -n "${CI_BG_NICE:-5}" "$BASHPID" >/dev/null; CI_MODE=bg ci_part "$@") > "$CI_ROOT/build/ci-$name.log" 2>&1 &
   CI_BG+=("$name:$!")
 }
 
