@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """CPU share probe for .ci/lib.sh: every PERIOD s, spins for 0.1 s and prints "epoch share", where share
 is the CPU time it got over the wall time (1.0: a core was free; 0.3: a runnable thread of this
-priority got 30 % of a core). The time table uses it to estimate each part on an idle machine. Costs
+priority got 30 % of a core). The time table shows its mean per part: how shared the machine was. Costs
 about 2 % of one core."""
 import sys
 import time

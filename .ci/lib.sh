@@ -51,12 +51,12 @@ ci_part() {
   local load
   load=$(awk -v a="$t0" -v b="$t1" -v now="$(cut -d' ' -f1 /proc/loadavg)" \
     '$1 >= a && $1 <= b {s += $2; n++} END {printf "%.1f", n ? s / n : now}' "$CI_LOADS" 2>/dev/null)
-  # mean of 1/share: how much slower than on a free core the part's CPU work ran
-  local slow
-  slow=$(awk -v a="$t0" -v b="$t1" '$1 >= a && $1 <= b && $2 > 0 {s += 1 / $2; n++} END {printf "%.2f", n ? s / n : 1}' \
+  # the mean share of a core a spinning thread of this priority got (1.0: the machine had a free core)
+  local share
+  share=$(awk -v a="$t0" -v b="$t1" '$1 >= a && $1 <= b {s += $2; n++} END {printf "%.2f", n ? s / n : 1}' \
     "$CI_SHARES" 2>/dev/null)
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$((t1 - t0))" "$(((c1 - c0) / $(getconf CLK_TCK)))" "$load" \
-    "${slow:-1}" "${CI_MODE:-fg}" >> "$CI_TIMES"
+    "${share:-1}" "${CI_MODE:-fg}" >> "$CI_TIMES"
   ci_log "=== part $name: exit $rc after $((t1 - t0)) s (CPU $(((c1 - c0) / $(getconf CLK_TCK))) s, mean load $load)"
   [ "$rc" = 0 ] || CI_FAILED="$CI_FAILED $name"
   return "$rc"
@@ -87,19 +87,13 @@ ci_end() {
   local cores
   cores=$(nproc)
   echo
-  echo "ci: time table ($cores cores). 'slowdown': mean over the part of 1 / the share of a core a thread"
-  echo "ci: got (.ci/cpu_share.py; 1.0 on a free core). 'idle est.': the part on an idle machine, estimated"
-  echo "ci: as wall - CPU * (slowdown - 1), at least CPU / $cores. Background parts (bg) overlap the others:"
-  echo "ci: the idle total is the longer of the foreground and background sums."
+  echo "ci: time table ($cores cores). 'share': the mean share of a core a spinning thread got during the"
+  echo "ci: part (.ci/cpu_share.py; 1.00 on an idle machine, less when the machine is shared). A part"
+  echo "ci: needs at least CPU / $cores s; background parts (bg) overlap the foreground ones."
   awk -F'\t' -v cores="$cores" -v total="$(($(date +%s) - CI_START))" '
-    BEGIN { printf "%-14s %5s %7s %7s %6s %9s %10s\n", "part", "exit", "wall s", "CPU s", "load", "slowdown", "idle est." }
-    {
-      est = $3 - $4 * ($6 - 1); if (est < $4 / cores) est = $4 / cores
-      printf "%-14s %5s %7d %7d %6s %9s %10d\n", $1 ($7 == "bg" ? " (bg)" : ""), $2, $3, $4, $5, $6, est
-      c += $4; e[$7] += est
-    }
-    END { printf "%-14s %5s %7d %7d %6s %9s %10d\n", "total", "", total, c, "", "", (e["fg"] > e["bg"] ? e["fg"] : e["bg"]) }' \
-    "$CI_TIMES"
+    BEGIN { printf "%-14s %5s %7s %7s %6s %6s\n", "part", "exit", "wall s", "CPU s", "load", "share" }
+    { printf "%-14s %5s %7d %7d %6s %6s\n", $1 ($7 == "bg" ? " (bg)" : ""), $2, $3, $4, $5, $6; c += $4 }
+    END { printf "%-14s %5s %7d %7d\n", "total", "", total, c }' "$CI_TIMES"
   if [ -n "$CI_FAILED" ]; then
     ci_log "failed parts:$CI_FAILED"
     return 1
