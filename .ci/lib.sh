@@ -12,7 +12,8 @@
 #   ci_venv DIR              a fresh venv at DIR (reused with KEEP_VENV=1), activated
 #   ci_install SPEC EXTRAS   pip install kvblocks[EXTRAS]: the run's wheel ($KVBLOCKS_WHEEL) when set,
 #                            else built from this checkout; SPEC: more requirements (may be empty)
-#   ci_wheel                 builds the run's wheel once into $CI_DIST and exports KVBLOCKS_WHEEL
+#   ci_wheel                 builds the run's wheel once into $CI_DIST (a part: runs in a subshell)
+#   ci_use_wheel             exports KVBLOCKS_WHEEL, the wheel ci_wheel built
 
 CI_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CI_DIST=${CI_DIST:-$CI_ROOT/build/ci-dist}
@@ -41,13 +42,18 @@ ci_begin() {
 }
 
 ci_part() {
-  local name=$1 t0 t1 c0 c1 rc me=$BASHPID
+  local name=$1 t0 t1 cpu rc out
   shift
-  t0=$(date +%s); c0=$(ci_cpu_ticks "$me")
+  out="$CI_ROOT/build/.ci-part-$BASHPID"
+  t0=$(date +%s)
   ci_log "=== part $name: start at $(date -u +%H:%M:%S) (load $(cut -d' ' -f1 /proc/loadavg))"
-  "$@"
+  # In a subshell that reports its own children's CPU time: this shell's would also count the
+  # background parts it reaps meanwhile.
+  ( "$@"; rc=$?; me=$BASHPID; ci_cpu_ticks "$me" > "$out"; exit "$rc" )
   rc=$?
-  t1=$(date +%s); c1=$(ci_cpu_ticks "$me")
+  t1=$(date +%s)
+  cpu=$(( $(cat "$out" 2>/dev/null || echo 0) / $(getconf CLK_TCK) ))
+  rm -f "$out"
   local load
   load=$(awk -v a="$t0" -v b="$t1" -v now="$(cut -d' ' -f1 /proc/loadavg)" \
     '$1 >= a && $1 <= b {s += $2; n++} END {printf "%.1f", n ? s / n : now}' "$CI_LOADS" 2>/dev/null)
@@ -55,9 +61,9 @@ ci_part() {
   local share
   share=$(awk -v a="$t0" -v b="$t1" '$1 >= a && $1 <= b {s += $2; n++} END {printf "%.2f", n ? s / n : 1}' \
     "$CI_SHARES" 2>/dev/null)
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$((t1 - t0))" "$(((c1 - c0) / $(getconf CLK_TCK)))" "$load" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$((t1 - t0))" "$cpu" "$load" \
     "${share:-1}" "${CI_MODE:-fg}" >> "$CI_TIMES"
-  ci_log "=== part $name: exit $rc after $((t1 - t0)) s (CPU $(((c1 - c0) / $(getconf CLK_TCK))) s, mean load $load)"
+  ci_log "=== part $name: exit $rc after $((t1 - t0)) s (CPU $cpu s, mean load $load)"
   [ "$rc" = 0 ] || CI_FAILED="$CI_FAILED $name"
   return "$rc"
 }
@@ -118,6 +124,11 @@ ci_wheel() {
   KVBLOCKS_WHEEL=$(ls "$CI_DIST"/kvblocks-*.whl) || return 1
   export KVBLOCKS_WHEEL
   ci_log "wheel: $KVBLOCKS_WHEEL ($(du -k "$KVBLOCKS_WHEEL" | cut -f1) KiB)"
+}
+
+ci_use_wheel() {
+  KVBLOCKS_WHEEL=$(ls "$CI_DIST"/kvblocks-*.whl) || return 1
+  export KVBLOCKS_WHEEL
 }
 
 ci_install() {
