@@ -6,10 +6,14 @@ A layout is what a block-for-block copy needs both sides to agree on: the number
 one block of one layer, the data type, the per-block shape (for example ``[2, block_size, heads,
 head_size]``) and the token block size. ``num_blocks`` may differ: each side has its own pool.
 
-Differences a transform could bridge (unequal layouts) are for the layout-transform work: it registers a
-check per field in :data:`TRANSFORMS`; :func:`diff` then marks those differences ``transformable``.
-Until then every difference is a mismatch.
+Unequal layouts: :func:`compatible` says whether kvblocks' layout transforms (README "Layout transforms")
+can bridge two layouts and, when not, exactly which fields stop it; :func:`plan` turns a token range of
+one request into the prepared transfers that move it (block-size ratios, head slices, partial blocks).
+A transform needs both sides to describe the interior of a block (``extra["interior"]``, see
+:data:`INTERIORS`); without it only equal layouts move (block for block). :data:`TRANSFORMS` is the
+per-field hook of :func:`diff` for integrations with their own rules.
 """
+import math
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -178,3 +182,179 @@ def _buffer_facts(a: Any) -> Tuple[int, bool, bool]:
     if hasattr(a, "data_ptr"):  # torch
         return a.data_ptr(), a.is_contiguous(), a.device.type == "cpu"
     return a.ctypes.data, bool(a.flags["C_CONTIGUOUS"]), True
+
+
+# ------------------------------------------------------------------ unequal layouts
+
+# Block interiors kvblocks can transform (the value of ``extra["interior"]``; ``block_shape`` spells it).
+INTERIORS = {
+    # [kv_heads, 2 (K then V), tokens, head_size]: vLLM's CPU attention backend (layout LBHNC, its KV
+    # tensor [num_blocks, kv_heads, block_size, 2 * head_size] read as K rows then V rows per head).
+    "H2TD": "[kv_heads, K/V, tokens, head_size]",
+}
+_MUST_MATCH = {
+    "num_layers": "kvblocks maps layer l to layer l",
+    "dtype": "kvblocks moves bytes, it converts no dtype",
+}
+
+
+@dataclass(frozen=True)
+class KvGeometry:
+    """What one block of one layer holds, for an ``H2TD`` interior."""
+
+    tokens: int
+    heads: int
+    head_size: int
+    elem: int
+
+
+def geometry(lay: Layout) -> Optional[KvGeometry]:
+    """The block interior of ``lay`` when it is one kvblocks can transform (None otherwise)."""
+    if dict(lay.extra).get("interior") != "H2TD" or len(lay.block_shape) != 4:
+        return None
+    h, two, t, d = lay.block_shape
+    per_block = h * two * t * d
+    if two != 2 or t != lay.block_size or min(h, t, d) <= 0 or lay.block_bytes % per_block:
+        return None
+    return KvGeometry(t, h, d, lay.block_bytes // per_block)
+
+
+# (source head begin, destination head begin, heads): KV heads of the source that land in the destination
+HeadMap = Tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Compat:
+    """:func:`compatible`'s answer: ``same`` (a block-for-block copy), or a transform from ``src`` to
+    ``dst`` geometry, or ``problems`` (each a :class:`Difference` that must match, explained)."""
+
+    same: bool
+    src: Optional[KvGeometry] = None
+    dst: Optional[KvGeometry] = None
+    problems: Tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def explain(self) -> str:
+        return "; ".join(self.problems)
+
+
+def compatible(ours: Layout, theirs: Layout, head_maps: Optional[Sequence[HeadMap]] = None) -> Compat:
+    """Can kvblocks move ``theirs`` (the source's) blocks into ``ours``? Equal compared fields: yes, block
+    for block. Otherwise, when both describe an interior kvblocks transforms (:data:`INTERIORS`) with the
+    same layers, dtype, spec, head size and element size: yes, by a transform (any block sizes; KV heads
+    as ``head_maps`` say, default all heads, which must then be equal). ``problems`` names every field
+    that stops it and why. Raises nothing."""
+    diffs = diff(ours, theirs)
+    if not diffs:
+        return Compat(True)
+    problems = [f"{d.field}: ours {d.ours!r}, theirs {d.theirs!r} ({_MUST_MATCH[d.field]})"
+                for d in diffs if d.field in _MUST_MATCH]
+    x_ours, x_theirs = dict(ours.extra), dict(theirs.extra)
+    for k in sorted((set(x_ours) | set(x_theirs)) - {"interior"}):
+        if x_ours.get(k) != x_theirs.get(k):
+            problems.append(f"{k}: ours {x_ours.get(k)!r}, theirs {x_theirs.get(k)!r} (must match)")
+    gd, gs = geometry(ours), geometry(theirs)
+    if gd is None or gs is None:
+        who = " and ".join(w for w, g, x in (("ours", gd, x_ours), ("theirs", gs, x_theirs)) if g is None)
+        rest = explain([d for d in diffs if d.field not in _MUST_MATCH and d.field != "extra"])
+        problems.append(f"{rest or 'extra differs'}: a transform needs both block interiors described "
+                        f"(interior {'/'.join(INTERIORS)}); {who} not (interior: ours "
+                        f"{x_ours.get('interior')!r}, theirs {x_theirs.get('interior')!r})")
+        return Compat(False, problems=tuple(problems))
+    if gd.head_size != gs.head_size:
+        problems.append(f"head_size: ours {gd.head_size}, theirs {gs.head_size} (a head moves whole)")
+    if gd.elem != gs.elem:
+        problems.append(f"element size: ours {gd.elem}, theirs {gs.elem} (kvblocks converts no dtype)")
+    problems += check_head_maps(gs, gd, head_maps)
+    return Compat(False, gs, gd, tuple(problems))
+
+
+def check_head_maps(src: KvGeometry, dst: KvGeometry, head_maps: Optional[Sequence[HeadMap]]) -> List[str]:
+    """Why ``head_maps`` do not fit the two geometries (empty: they do; None: all heads, equal counts)."""
+    if head_maps is None:
+        if src.heads != dst.heads:
+            return [f"kv heads: ours {dst.heads}, theirs {src.heads} (a head slice needs the tensor-parallel "
+                    "ranks of both sides to say which heads go where)"]
+        return []
+    out = []
+    for s, d, n in head_maps:
+        if n <= 0 or s < 0 or d < 0 or s + n > src.heads or d + n > dst.heads:
+            out.append(f"head map {s}+{n} -> {d}+{n} does not fit {src.heads} source and {dst.heads} "
+                       "destination heads")
+    return out
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One prepared transfer of a plan: arguments of ``LlmDataDist.prepare_transfer``."""
+
+    src_blocks: Tuple[int, ...]
+    dst_blocks: Tuple[int, ...]
+    src_layout: "kb.BlockLayout"
+    dst_layout: "kb.BlockLayout"
+    src_heads: Tuple[int, int]
+    dst_heads: Tuple[int, int]
+
+
+def plan(src: KvGeometry, dst: KvGeometry, src_blocks: Sequence[int], dst_blocks: Sequence[int],
+         start: int, stop: int, src_token0: int = 0, dst_token0: int = 0,
+         head_maps: Optional[Sequence[HeadMap]] = None) -> List[Piece]:
+    """The transfers moving tokens ``[start, stop)`` of one request from ``src_blocks`` (whose first holds
+    tokens from ``src_token0``) into ``dst_blocks`` (from ``dst_token0``), heads as ``head_maps`` say
+    (default: all, equal counts), for ``H2TD`` interiors.
+
+    A block of ``H`` heads is ``[2H, tokens, dim]``, i.e. kvblocks' HND with ``2H`` heads (K and V of
+    head h are heads 2h, 2h+1), so the token groups where both sides' block grids meet (multiples of
+    lcm(block sizes)) move in one transform per head map, block ratio included. Tokens outside them
+    (a prefix hit ending inside a source block, a request ending inside a block) move per block pair:
+    a block seen as ``2H`` tokens of ``tokens`` heads makes a token range a head range (one transfer
+    per distinct offset), or, for a head slice, as ``2H * tokens`` one-token heads (one transfer per
+    K/V row). Raises ValueError when the range, the lists or the head maps do not fit."""
+    maps = list(head_maps) if head_maps is not None else [(0, 0, src.heads)]
+    bad = check_head_maps(src, dst, head_maps)
+    if bad:
+        raise ValueError("; ".join(bad))
+    ts, td = src.tokens, dst.tokens
+    if src_token0 % ts or dst_token0 % td:
+        raise ValueError(f"block lists must start at a block boundary (tokens {src_token0}, {dst_token0})")
+    if not (src_token0 <= start <= stop <= src_token0 + len(src_blocks) * ts
+            and dst_token0 <= start and stop <= dst_token0 + len(dst_blocks) * td):
+        raise ValueError(f"tokens [{start}, {stop}) are not in both block lists (source from {src_token0}, "
+                         f"{len(src_blocks)} x {ts}; destination from {dst_token0}, {len(dst_blocks)} x {td})")
+    lcm = ts * td // math.gcd(ts, td)
+    a0, a1 = -(-start // lcm) * lcm, stop // lcm * lcm
+    out: List[Piece] = []
+    edges = [(start, stop)]
+    if a1 > a0:
+        edges = [(start, a0), (a1, stop)]
+        sb = tuple(src_blocks[(a0 - src_token0) // ts:(a1 - src_token0) // ts])
+        db = tuple(dst_blocks[(a0 - dst_token0) // td:(a1 - dst_token0) // td])
+        ls = kb.BlockLayout(ts, 2 * src.heads, src.head_size, src.elem, "HND")
+        ld = kb.BlockLayout(td, 2 * dst.heads, dst.head_size, dst.elem, "HND")
+        out += [Piece(sb, db, ls, ld, (2 * s, 2 * (s + n)), (2 * d, 2 * (d + n))) for s, d, n in maps]
+    runs: Dict[Tuple[int, int, int], List[Tuple[int, int]]] = {}
+    for lo, hi in edges:
+        u = lo
+        while u < hi:
+            i, j = (u - src_token0) // ts, (u - dst_token0) // td
+            v = min(hi, src_token0 + (i + 1) * ts, dst_token0 + (j + 1) * td)
+            key = (u - src_token0 - i * ts, u - dst_token0 - j * td, v - u)
+            runs.setdefault(key, []).append((src_blocks[i], dst_blocks[j]))
+            u = v
+    for (us, ud, n), pairs in runs.items():
+        sb, db = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+        for s, d, h in maps:
+            if s == d == 0 and h == src.heads == dst.heads:  # every row: token range = head range
+                ls = kb.BlockLayout(2 * src.heads, ts, src.head_size, src.elem, "NHD")
+                ld = kb.BlockLayout(2 * dst.heads, td, dst.head_size, dst.elem, "NHD")
+                out.append(Piece(sb, db, ls, ld, (us, us + n), (ud, ud + n)))
+                continue
+            ls = kb.BlockLayout(1, 2 * src.heads * ts, src.head_size, src.elem, "NHD")
+            ld = kb.BlockLayout(1, 2 * dst.heads * td, dst.head_size, dst.elem, "NHD")
+            for r in range(2 * h):
+                rs, rd = (2 * s + r) * ts + us, (2 * d + r) * td + ud
+                out.append(Piece(sb, db, ls, ld, (rs, rs + n), (rd, rd + n)))
+    return out
