@@ -186,11 +186,13 @@ def _buffer_facts(a: Any) -> Tuple[int, bool, bool]:
 
 # ------------------------------------------------------------------ unequal layouts
 
-# Block interiors kvblocks can transform (the value of ``extra["interior"]``; ``block_shape`` spells it).
+# Block interiors kvblocks can transform (the value of ``extra["interior"]``; ``block_shape`` is then
+# ``(kv_heads, 2, tokens, head_size)``).
 INTERIORS = {
-    # [kv_heads, 2 (K then V), tokens, head_size]: vLLM's CPU attention backend (layout LBHNC, its KV
-    # tensor [num_blocks, kv_heads, block_size, 2 * head_size] read as K rows then V rows per head).
-    "H2TD": "[kv_heads, K/V, tokens, head_size]",
+    # vLLM's CPU attention (layout LBHNC): its KV tensor [blocks, kv_heads, block_size, 2 * head_size]
+    # holds, per head, K as [head_size, tokens] (tokens contiguous) and then V as [tokens, head_size]
+    # (read back from cpu_attn_reshape_and_cache in tests/vllm/test_vllm_layouts.py).
+    "vllm-cpu": "per KV head: K as [head_size, tokens], then V as [tokens, head_size]",
 }
 _MUST_MATCH = {
     "num_layers": "kvblocks maps layer l to layer l",
@@ -200,7 +202,7 @@ _MUST_MATCH = {
 
 @dataclass(frozen=True)
 class KvGeometry:
-    """What one block of one layer holds, for an ``H2TD`` interior."""
+    """What one block of one layer holds, for a ``vllm-cpu`` interior."""
 
     tokens: int
     heads: int
@@ -210,7 +212,7 @@ class KvGeometry:
 
 def geometry(lay: Layout) -> Optional[KvGeometry]:
     """The block interior of ``lay`` when it is one kvblocks can transform (None otherwise)."""
-    if dict(lay.extra).get("interior") != "H2TD" or len(lay.block_shape) != 4:
+    if dict(lay.extra).get("interior") not in INTERIORS or len(lay.block_shape) != 4:
         return None
     h, two, t, d = lay.block_shape
     per_block = h * two * t * d
@@ -226,7 +228,7 @@ HeadMap = Tuple[int, int, int]
 @dataclass(frozen=True)
 class Compat:
     """:func:`compatible`'s answer: ``same`` (a block-for-block copy), or a transform from ``src`` to
-    ``dst`` geometry, or ``problems`` (each a :class:`Difference` that must match, explained)."""
+    ``dst`` geometry, or ``problems`` (why not, one line per field)."""
 
     same: bool
     src: Optional[KvGeometry] = None
@@ -257,11 +259,10 @@ def compatible(ours: Layout, theirs: Layout, head_maps: Optional[Sequence[HeadMa
         if x_ours.get(k) != x_theirs.get(k):
             problems.append(f"{k}: ours {x_ours.get(k)!r}, theirs {x_theirs.get(k)!r} (must match)")
     gd, gs = geometry(ours), geometry(theirs)
-    if gd is None or gs is None:
-        who = " and ".join(w for w, g, x in (("ours", gd, x_ours), ("theirs", gs, x_theirs)) if g is None)
+    if gd is None or gs is None or x_ours.get("interior") != x_theirs.get("interior"):
         rest = explain([d for d in diffs if d.field not in _MUST_MATCH and d.field != "extra"])
-        problems.append(f"{rest or 'extra differs'}: a transform needs both block interiors described "
-                        f"(interior {'/'.join(INTERIORS)}); {who} not (interior: ours "
+        problems.append(f"{rest or 'the block interiors differ'}: a transform needs both sides to describe "
+                        f"the same block interior, one of {sorted(INTERIORS)} (interior: ours "
                         f"{x_ours.get('interior')!r}, theirs {x_theirs.get('interior')!r})")
         return Compat(False, problems=tuple(problems))
     if gd.head_size != gs.head_size:
@@ -301,60 +302,56 @@ class Piece:
 
 def plan(src: KvGeometry, dst: KvGeometry, src_blocks: Sequence[int], dst_blocks: Sequence[int],
          start: int, stop: int, src_token0: int = 0, dst_token0: int = 0,
-         head_maps: Optional[Sequence[HeadMap]] = None) -> List[Piece]:
+         head_maps: Optional[Sequence[HeadMap]] = None, sink: Optional[int] = None) -> List[Piece]:
     """The transfers moving tokens ``[start, stop)`` of one request from ``src_blocks`` (whose first holds
     tokens from ``src_token0``) into ``dst_blocks`` (from ``dst_token0``), heads as ``head_maps`` say
-    (default: all, equal counts), for ``H2TD`` interiors.
+    (default: all, equal counts), for ``vllm-cpu`` interiors.
 
-    A block of ``H`` heads is ``[2H, tokens, dim]``, i.e. kvblocks' HND with ``2H`` heads (K and V of
-    head h are heads 2h, 2h+1), so the token groups where both sides' block grids meet (multiples of
-    lcm(block sizes)) move in one transform per head map, block ratio included. Tokens outside them
-    (a prefix hit ending inside a source block, a request ending inside a block) move per block pair:
-    a block seen as ``2H`` tokens of ``tokens`` heads makes a token range a head range (one transfer
-    per distinct offset), or, for a head slice, as ``2H * tokens`` one-token heads (one transfer per
-    K/V row). Raises ValueError when the range, the lists or the head maps do not fit."""
+    K rows ``[head_size, tokens]`` are kvblocks' HND with ``2 * heads * head_size`` one-element heads
+    and V ``[tokens, head_size]`` its HND with ``2 * heads`` heads, so a transform moves whole token
+    groups where both block grids meet (``lcm`` of the block sizes): two transfers per KV head (K, V),
+    block ratio included. A group reaching outside the request is completed on the source side with
+    its first or last block (bytes that land only at tokens >= ``stop``, which the engine writes before
+    it reads them) and on the destination side with ``sink``, a block the engine never reads (vLLM's
+    null block); ``start`` must be at a destination block boundary. Raises ValueError when the range,
+    the lists or the head maps do not fit, or a sink is needed and ``sink`` is None."""
     maps = list(head_maps) if head_maps is not None else [(0, 0, src.heads)]
     bad = check_head_maps(src, dst, head_maps)
     if bad:
         raise ValueError("; ".join(bad))
     ts, td = src.tokens, dst.tokens
-    if src_token0 % ts or dst_token0 % td:
-        raise ValueError(f"block lists must start at a block boundary (tokens {src_token0}, {dst_token0})")
-    if not (src_token0 <= start <= stop <= src_token0 + len(src_blocks) * ts
-            and dst_token0 <= start and stop <= dst_token0 + len(dst_blocks) * td):
+    if src_token0 % ts or dst_token0 % td or start % td:
+        raise ValueError(f"block lists and start must be at block boundaries (tokens {src_token0}, {dst_token0}, "
+                         f"{start})")
+    if not src_blocks or not (src_token0 <= start <= stop <= src_token0 + len(src_blocks) * ts
+                              and dst_token0 <= start and stop <= dst_token0 + len(dst_blocks) * td):
         raise ValueError(f"tokens [{start}, {stop}) are not in both block lists (source from {src_token0}, "
                          f"{len(src_blocks)} x {ts}; destination from {dst_token0}, {len(dst_blocks)} x {td})")
+    if stop == start:
+        return []
     lcm = ts * td // math.gcd(ts, td)
-    a0, a1 = -(-start // lcm) * lcm, stop // lcm * lcm
-    out: List[Piece] = []
-    edges = [(start, stop)]
-    if a1 > a0:
-        edges = [(start, a0), (a1, stop)]
-        sb = tuple(src_blocks[(a0 - src_token0) // ts:(a1 - src_token0) // ts])
-        db = tuple(dst_blocks[(a0 - dst_token0) // td:(a1 - dst_token0) // td])
-        ls = kb.BlockLayout(ts, 2 * src.heads, src.head_size, src.elem, "HND")
-        ld = kb.BlockLayout(td, 2 * dst.heads, dst.head_size, dst.elem, "HND")
-        out += [Piece(sb, db, ls, ld, (2 * s, 2 * (s + n)), (2 * d, 2 * (d + n))) for s, d, n in maps]
-    runs: Dict[Tuple[int, int, int], List[Tuple[int, int]]] = {}
-    for lo, hi in edges:
-        u = lo
-        while u < hi:
-            i, j = (u - src_token0) // ts, (u - dst_token0) // td
-            v = min(hi, src_token0 + (i + 1) * ts, dst_token0 + (j + 1) * td)
-            key = (u - src_token0 - i * ts, u - dst_token0 - j * td, v - u)
-            runs.setdefault(key, []).append((src_blocks[i], dst_blocks[j]))
-            u = v
-    for (us, ud, n), pairs in runs.items():
-        sb, db = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
-        for s, d, h in maps:
-            if s == d == 0 and h == src.heads == dst.heads:  # every row: token range = head range
-                ls = kb.BlockLayout(2 * src.heads, ts, src.head_size, src.elem, "NHD")
-                ld = kb.BlockLayout(2 * dst.heads, td, dst.head_size, dst.elem, "NHD")
-                out.append(Piece(sb, db, ls, ld, (us, us + n), (ud, ud + n)))
-                continue
-            ls = kb.BlockLayout(1, 2 * src.heads * ts, src.head_size, src.elem, "NHD")
-            ld = kb.BlockLayout(1, 2 * dst.heads * td, dst.head_size, dst.elem, "NHD")
-            for r in range(2 * h):
-                rs, rd = (2 * s + r) * ts + us, (2 * d + r) * td + ud
-                out.append(Piece(sb, db, ls, ld, (rs, rs + n), (rd, rd + n)))
+    a0, a1 = start // lcm * lcm, -(-stop // lcm) * lcm
+    sb = tuple(src_blocks[min(max((t - src_token0) // ts, 0), len(src_blocks) - 1)] for t in range(a0, a1, ts))
+    db = []
+    for t in range(a0, a1, td):
+        j = (t - dst_token0) // td
+        if t < start or j >= len(dst_blocks):
+            if sink is None:
+                raise ValueError(f"tokens [{start}, {stop}) do not fill whole groups of {lcm} tokens: a sink "
+                                 "block is needed for the rest")
+            db.append(sink)
+        else:
+            db.append(dst_blocks[j])
+    e, dim = src.elem, src.head_size
+    k_s = kb.BlockLayout(ts, 2 * src.heads * dim, 1, e, "HND")
+    k_d = kb.BlockLayout(td, 2 * dst.heads * dim, 1, e, "HND")
+    v_s = kb.BlockLayout(ts, 2 * src.heads, dim, e, "HND")
+    v_d = kb.BlockLayout(td, 2 * dst.heads, dim, e, "HND")
+    out = []
+    for s, d, n in maps:
+        for i in range(n):
+            hs, hd = s + i, d + i
+            out.append(Piece(sb, tuple(db), k_s, k_d, (2 * hs * dim, (2 * hs + 1) * dim),
+                             (2 * hd * dim, (2 * hd + 1) * dim)))
+            out.append(Piece(sb, tuple(db), v_s, v_d, (2 * hs + 1, 2 * hs + 2), (2 * hd + 1, 2 * hd + 2)))
     return out
