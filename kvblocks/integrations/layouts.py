@@ -255,15 +255,17 @@ def compatible(ours: Layout, theirs: Layout, head_maps: Optional[Sequence[HeadMa
     problems = [f"{d.field}: ours {d.ours!r}, theirs {d.theirs!r} ({_MUST_MATCH[d.field]})"
                 for d in diffs if d.field in _MUST_MATCH]
     x_ours, x_theirs = dict(ours.extra), dict(theirs.extra)
-    for k in sorted((set(x_ours) | set(x_theirs)) - {"interior"}):
+    for k in sorted(set(x_ours) | set(x_theirs)):
         if x_ours.get(k) != x_theirs.get(k):
             problems.append(f"{k}: ours {x_ours.get(k)!r}, theirs {x_theirs.get(k)!r} (must match)")
+    shape = [d for d in diffs if d.field in ("block_bytes", "block_shape", "block_size")]
     gd, gs = geometry(ours), geometry(theirs)
-    if gd is None or gs is None or x_ours.get("interior") != x_theirs.get("interior"):
-        rest = explain([d for d in diffs if d.field not in _MUST_MATCH and d.field != "extra"])
-        problems.append(f"{rest or 'the block interiors differ'}: a transform needs both sides to describe "
-                        f"the same block interior, one of {sorted(INTERIORS)} (interior: ours "
-                        f"{x_ours.get('interior')!r}, theirs {x_theirs.get('interior')!r})")
+    if not shape:
+        return Compat(False, problems=tuple(problems))
+    if gd is None or gs is None:
+        problems.append(f"{explain(shape)}: a transform needs both sides to describe their block interior, "
+                        f"one of {sorted(INTERIORS)} (interior: ours {x_ours.get('interior')!r}, theirs "
+                        f"{x_theirs.get('interior')!r})")
         return Compat(False, problems=tuple(problems))
     if gd.head_size != gs.head_size:
         problems.append(f"head_size: ours {gd.head_size}, theirs {gs.head_size} (a head moves whole)")

@@ -2,7 +2,8 @@
 """One vLLM engine in its own process, driven by JSON lines on stdin (used by the vLLM end-to-end tests).
 
 Usage: ``python engine_proc.py MODEL_DIR CONFIG_JSON``. CONFIG_JSON holds ``kv_transfer`` (a
-``KVTransferConfig`` as a dict, or null for a plain engine) and optionally ``block_size`` (default 32).
+``KVTransferConfig`` as a dict, or null for a plain engine) and optionally ``block_size`` (default 32)
+and ``tp`` (tensor_parallel_size, default 1).
 Commands, one JSON object per line:
 
 * ``{"op": "generate", "prompts": [[ids...], ...], "max_tokens": n, "params": [dict|null, ...]}``
@@ -59,6 +60,8 @@ def main() -> None:
     from vllm.config import KVTransferConfig
 
     kw = {}
+    if cfg.get("tp", 1) > 1:
+        kw["tensor_parallel_size"] = cfg["tp"]
     if cfg.get("log_stats"):
         kw["disable_log_stats"] = False
     if cfg.get("kv_transfer"):
