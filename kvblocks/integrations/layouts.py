@@ -211,7 +211,7 @@ class KvGeometry:
 
 
 def geometry(lay: Layout) -> Optional[KvGeometry]:
-    """The block interior of ``lay`` when it is one kvblocks can transform (None otherwise)."""
+    """The block interior of ``lay`` when it is one kvblocks can transform (None otherwise). Raises nothing."""
     if dict(lay.extra).get("interior") not in INTERIORS or len(lay.block_shape) != 4:
         return None
     h, two, t, d = lay.block_shape
@@ -276,7 +276,8 @@ def compatible(ours: Layout, theirs: Layout, head_maps: Optional[Sequence[HeadMa
 
 
 def check_head_maps(src: KvGeometry, dst: KvGeometry, head_maps: Optional[Sequence[HeadMap]]) -> List[str]:
-    """Why ``head_maps`` do not fit the two geometries (empty: they do; None: all heads, equal counts)."""
+    """Why ``head_maps`` do not fit the two geometries (empty: they do; None: all heads, equal counts).
+    Raises nothing."""
     if head_maps is None:
         if src.heads != dst.heads:
             return [f"kv heads: ours {dst.heads}, theirs {src.heads} (a head slice needs the tensor-parallel "
