@@ -109,8 +109,10 @@ def main() -> int:
                 c = dd._add_cache(desc, None, 0, cmd.get("key", -1), None) if "key" in cmd else dd.allocate_cache(desc)
                 if cmd.get("keys"):
                     dd._set_batch_keys(c, cmd["keys"])
+                rng = np.random.default_rng(cmd["seed"]) if cmd.get("random") else None  # distinct bytes
                 for t in range(args.tensors):
-                    c.numpy(t)[:] = pattern(cmd["seed"], t, args.blocks, args.block_bytes)
+                    c.numpy(t)[:] = pattern(cmd["seed"], t, args.blocks, args.block_bytes) if rng is None else \
+                        rng.integers(0, 256, (args.blocks, args.block_bytes), dtype=np.uint8)
                 caches[cmd["name"]] = c
                 reply({"cache": c.cache_id})
             elif op == "find_key":  # a peer cache by batch key (CacheKey) or cache key (BlocksCacheKey)

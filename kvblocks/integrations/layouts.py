@@ -6,10 +6,14 @@ A layout is what a block-for-block copy needs both sides to agree on: the number
 one block of one layer, the data type, the per-block shape (for example ``[2, block_size, heads,
 head_size]``) and the token block size. ``num_blocks`` may differ: each side has its own pool.
 
-Differences a transform could bridge (unequal layouts) are for the layout-transform work: it registers a
-check per field in :data:`TRANSFORMS`; :func:`diff` then marks those differences ``transformable``.
-Until then every difference is a mismatch.
+Unequal layouts: :func:`compatible` says whether kvblocks' layout transforms (README "Layout transforms")
+can bridge two layouts and, when not, exactly which fields stop it; :func:`plan` turns a token range of
+one request into the prepared transfers that move it (block-size ratios, head slices, partial blocks).
+A transform needs both sides to describe the interior of a block (``extra["interior"]``, see
+:data:`INTERIORS`); without it only equal layouts move (block for block). :data:`TRANSFORMS` is the
+per-field hook of :func:`diff` for integrations with their own rules.
 """
+import math
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -178,3 +182,179 @@ def _buffer_facts(a: Any) -> Tuple[int, bool, bool]:
     if hasattr(a, "data_ptr"):  # torch
         return a.data_ptr(), a.is_contiguous(), a.device.type == "cpu"
     return a.ctypes.data, bool(a.flags["C_CONTIGUOUS"]), True
+
+
+# ------------------------------------------------------------------ unequal layouts
+
+# Block interiors kvblocks can transform (the value of ``extra["interior"]``; ``block_shape`` is then
+# ``(kv_heads, 2, tokens, head_size)``).
+INTERIORS = {
+    # vLLM's CPU attention (layout LBHNC): its KV tensor [blocks, kv_heads, block_size, 2 * head_size]
+    # holds, per head, K as [head_size, tokens] (tokens contiguous) and then V as [tokens, head_size]
+    # (read back from cpu_attn_reshape_and_cache in tests/vllm/test_vllm_layouts.py).
+    "vllm-cpu": "per KV head: K as [head_size, tokens], then V as [tokens, head_size]",
+}
+_MUST_MATCH = {
+    "num_layers": "kvblocks maps layer l to layer l",
+    "dtype": "kvblocks moves bytes, it converts no dtype",
+}
+
+
+@dataclass(frozen=True)
+class KvGeometry:
+    """What one block of one layer holds, for a ``vllm-cpu`` interior."""
+
+    tokens: int
+    heads: int
+    head_size: int
+    elem: int
+
+
+def geometry(lay: Layout) -> Optional[KvGeometry]:
+    """The block interior of ``lay`` when it is one kvblocks can transform (None otherwise). Raises nothing."""
+    if dict(lay.extra).get("interior") not in INTERIORS or len(lay.block_shape) != 4:
+        return None
+    h, two, t, d = lay.block_shape
+    per_block = h * two * t * d
+    if two != 2 or t != lay.block_size or min(h, t, d) <= 0 or lay.block_bytes % per_block:
+        return None
+    return KvGeometry(t, h, d, lay.block_bytes // per_block)
+
+
+# (source head begin, destination head begin, heads): KV heads of the source that land in the destination
+HeadMap = Tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Compat:
+    """:func:`compatible`'s answer: ``same`` (a block-for-block copy), or a transform from ``src`` to
+    ``dst`` geometry, or ``problems`` (why not, one line per field)."""
+
+    same: bool
+    src: Optional[KvGeometry] = None
+    dst: Optional[KvGeometry] = None
+    problems: Tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def explain(self) -> str:
+        return "; ".join(self.problems)
+
+
+def compatible(ours: Layout, theirs: Layout, head_maps: Optional[Sequence[HeadMap]] = None) -> Compat:
+    """Can kvblocks move ``theirs`` (the source's) blocks into ``ours``? Equal compared fields: yes, block
+    for block. Otherwise, when both describe an interior kvblocks transforms (:data:`INTERIORS`) with the
+    same layers, dtype, spec, head size and element size: yes, by a transform (any block sizes; KV heads
+    as ``head_maps`` say, default all heads, which must then be equal). ``problems`` names every field
+    that stops it and why. Raises nothing."""
+    diffs = diff(ours, theirs)
+    if not diffs:
+        return Compat(True)
+    problems = [f"{d.field}: ours {d.ours!r}, theirs {d.theirs!r} ({_MUST_MATCH[d.field]})"
+                for d in diffs if d.field in _MUST_MATCH]
+    x_ours, x_theirs = dict(ours.extra), dict(theirs.extra)
+    for k in sorted(set(x_ours) | set(x_theirs)):
+        if x_ours.get(k) != x_theirs.get(k):
+            problems.append(f"{k}: ours {x_ours.get(k)!r}, theirs {x_theirs.get(k)!r} (must match)")
+    shape = [d for d in diffs if d.field in ("block_bytes", "block_shape", "block_size")]
+    gd, gs = geometry(ours), geometry(theirs)
+    if not shape:
+        return Compat(False, problems=tuple(problems))
+    if gd is None or gs is None:
+        problems.append(f"{explain(shape)}: a transform needs both sides to describe their block interior, "
+                        f"one of {sorted(INTERIORS)} (interior: ours {x_ours.get('interior')!r}, theirs "
+                        f"{x_theirs.get('interior')!r})")
+        return Compat(False, problems=tuple(problems))
+    if gd.head_size != gs.head_size:
+        problems.append(f"head_size: ours {gd.head_size}, theirs {gs.head_size} (a head moves whole)")
+    if gd.elem != gs.elem:
+        problems.append(f"element size: ours {gd.elem}, theirs {gs.elem} (kvblocks converts no dtype)")
+    problems += check_head_maps(gs, gd, head_maps)
+    return Compat(False, gs, gd, tuple(problems))
+
+
+def check_head_maps(src: KvGeometry, dst: KvGeometry, head_maps: Optional[Sequence[HeadMap]]) -> List[str]:
+    """Why ``head_maps`` do not fit the two geometries (empty: they do; None: all heads, equal counts).
+    Raises nothing."""
+    if head_maps is None:
+        if src.heads != dst.heads:
+            return [f"kv heads: ours {dst.heads}, theirs {src.heads} (a head slice needs the tensor-parallel "
+                    "ranks of both sides to say which heads go where)"]
+        return []
+    out = []
+    for s, d, n in head_maps:
+        if n <= 0 or s < 0 or d < 0 or s + n > src.heads or d + n > dst.heads:
+            out.append(f"head map {s}+{n} -> {d}+{n} does not fit {src.heads} source and {dst.heads} "
+                       "destination heads")
+    return out
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One prepared transfer of a plan: arguments of ``LlmDataDist.prepare_transfer``."""
+
+    src_blocks: Tuple[int, ...]
+    dst_blocks: Tuple[int, ...]
+    src_layout: "kb.BlockLayout"
+    dst_layout: "kb.BlockLayout"
+    src_heads: Tuple[int, int]
+    dst_heads: Tuple[int, int]
+
+
+def plan(src: KvGeometry, dst: KvGeometry, src_blocks: Sequence[int], dst_blocks: Sequence[int],
+         start: int, stop: int, src_token0: int = 0, dst_token0: int = 0,
+         head_maps: Optional[Sequence[HeadMap]] = None, sink: Optional[int] = None) -> List[Piece]:
+    """The transfers moving tokens ``[start, stop)`` of one request from ``src_blocks`` (whose first holds
+    tokens from ``src_token0``) into ``dst_blocks`` (from ``dst_token0``), heads as ``head_maps`` say
+    (default: all, equal counts), for ``vllm-cpu`` interiors.
+
+    K rows ``[head_size, tokens]`` are kvblocks' HND with ``2 * heads * head_size`` one-element heads
+    and V ``[tokens, head_size]`` its HND with ``2 * heads`` heads, so a transform moves whole token
+    groups where both block grids meet (``lcm`` of the block sizes): two transfers per KV head (K, V),
+    block ratio included. A group reaching outside the request is completed on the source side with
+    its first or last block (bytes that land only at tokens >= ``stop``, which the engine writes before
+    it reads them) and on the destination side with ``sink``, a block the engine never reads (vLLM's
+    null block); ``start`` must be at a destination block boundary. Raises ValueError when the range,
+    the lists or the head maps do not fit, or a sink is needed and ``sink`` is None."""
+    maps = list(head_maps) if head_maps is not None else [(0, 0, src.heads)]
+    bad = check_head_maps(src, dst, head_maps)
+    if bad:
+        raise ValueError("; ".join(bad))
+    ts, td = src.tokens, dst.tokens
+    if src_token0 % ts or dst_token0 % td or start % td:
+        raise ValueError(f"block lists and start must be at block boundaries (tokens {src_token0}, {dst_token0}, "
+                         f"{start})")
+    if not src_blocks or not (src_token0 <= start <= stop <= src_token0 + len(src_blocks) * ts
+                              and dst_token0 <= start and stop <= dst_token0 + len(dst_blocks) * td):
+        raise ValueError(f"tokens [{start}, {stop}) are not in both block lists (source from {src_token0}, "
+                         f"{len(src_blocks)} x {ts}; destination from {dst_token0}, {len(dst_blocks)} x {td})")
+    if stop == start:
+        return []
+    lcm = ts * td // math.gcd(ts, td)
+    a0, a1 = start // lcm * lcm, -(-stop // lcm) * lcm
+    sb = tuple(src_blocks[min(max((t - src_token0) // ts, 0), len(src_blocks) - 1)] for t in range(a0, a1, ts))
+    db = []
+    for t in range(a0, a1, td):
+        j = (t - dst_token0) // td
+        if t < start or j >= len(dst_blocks):
+            if sink is None:
+                raise ValueError(f"tokens [{start}, {stop}) do not fill whole groups of {lcm} tokens: a sink "
+                                 "block is needed for the rest")
+            db.append(sink)
+        else:
+            db.append(dst_blocks[j])
+    e, dim = src.elem, src.head_size
+    k_s = kb.BlockLayout(ts, 2 * src.heads * dim, 1, e, "HND")
+    k_d = kb.BlockLayout(td, 2 * dst.heads * dim, 1, e, "HND")
+    v_s = kb.BlockLayout(ts, 2 * src.heads, dim, e, "HND")
+    v_d = kb.BlockLayout(td, 2 * dst.heads, dim, e, "HND")
+    out = []
+    for s, d, n in maps:
+        for i in range(n):
+            hs, hd = s + i, d + i
+            out.append(Piece(sb, tuple(db), k_s, k_d, (2 * hs * dim, (2 * hs + 1) * dim),
+                             (2 * hd * dim, (2 * hd + 1) * dim)))
+            out.append(Piece(sb, tuple(db), v_s, v_d, (2 * hs + 1, 2 * hs + 2), (2 * hd + 1, 2 * hd + 2)))
+    return out

@@ -31,8 +31,9 @@ Layer-wise push (per request, ``"mode": "push"`` in the params, see the README):
 first, reserves its blocks and tells the prefill which (a ``reserve`` notice); the prefill pushes each
 layer into them as :meth:`save_kv_layer` reports it computed, waits in :meth:`wait_for_save` and says done.
 
-The KV cache must be host memory (vLLM's CPU backend): kvblocks moves host memory. Tensor parallelism 1
-and equal layouts on both sides only.
+The KV cache must be host memory (vLLM's CPU backend): kvblocks moves host memory. Tensor parallelism 1.
+A prefill and a decode with different block sizes work (pull): the pull is then kvblocks' layout transform
+(:func:`kvblocks.integrations.layouts.plan`), checked by :func:`kvblocks.integrations.layouts.compatible`.
 
 Options (``kv_connector_extra_config``):
 
@@ -83,6 +84,9 @@ if TYPE_CHECKING:
 
 logger = init_logger("vllm.kvblocks")  # under "vllm": shown with vLLM's log settings
 
+# vLLM's null block (the block pool's first, never read by full attention): a transformed pull writes
+# the tokens of a block-size group that are not this request's there
+NULL_BLOCK = 0
 PARAMS_KEY = "kvblocks"  # kv_transfer_params["kvblocks"] holds our fields (besides Nixl-style generic ones)
 
 @dataclass
@@ -97,11 +101,12 @@ class _Options:
     link_timeout_ms: int
     abort_timeout_s: float
     test_reverse_blocks: str  # "off", "all", "per_request"
+    test_rotate_heads: str  # "off", "all", "per_request" (transformed pulls only)
 
     @classmethod
     def parse(cls, extra: Dict[str, Any]) -> "_Options":
         known = {"listen", "advertise_host", "transport", "auth_token", "pull_timeout_ms", "link_timeout_ms",
-                 "abort_timeout_s", "_test_reverse_blocks"}
+                 "abort_timeout_s", "_test_reverse_blocks", "_test_rotate_heads"}
         unknown = set(extra) - known
         if unknown:
             raise ValueError(f"KvblocksConnector: unknown kv_connector_extra_config keys {sorted(unknown)}; "
@@ -124,6 +129,7 @@ class _Options:
             link_timeout_ms=int(extra.get("link_timeout_ms", 3000)),
             abort_timeout_s=float(extra.get("abort_timeout_s", 120)),
             test_reverse_blocks=_reverse_mode(extra.get("_test_reverse_blocks", False)),
+            test_rotate_heads=_reverse_mode(extra.get("_test_rotate_heads", False)),
         )
 
 
@@ -141,10 +147,30 @@ def _reverse_mode(v: Any) -> str:
     return "all" if v in (True, "true", "1", 1) else "off"
 
 
-def vllm_layout(kv_cache_config: "KVCacheConfig") -> layouts.Layout:
+def _test_mode(mode: str, params: Dict[str, Any], key: str) -> bool:
+    """Tests only: is the deliberately wrong mapping ``key`` on for this request?"""
+    return mode == "all" or (mode == "per_request" and bool(params.get(key)))
+
+
+def _cpu_interior(vllm_config: Optional["VllmConfig"]) -> bool:
+    """vLLM's CPU attention backend with layout LBHNC: a block of a layer holds, per KV head, K as [head
+    size, tokens] and then V as [tokens, head size] (its tensor [blocks, heads, block_size, 2 * head_size];
+    the shape is checked against the real tensors in register_kv_caches)."""
+    try:
+        from vllm.platforms import current_platform
+        if vllm_config is None or not current_platform.is_cpu():
+            return False
+        return vllm_config.cache_config.get_resolved_kv_cache_layout().name == "LBHNC"
+    except Exception:  # noqa: BLE001 - unknown vLLM: no transforms, equal layouts still work
+        return False
+
+
+def vllm_layout(kv_cache_config: "KVCacheConfig", vllm_config: Optional["VllmConfig"] = None) -> layouts.Layout:
     """What both sides must agree on, from vLLM's KV cache spec: layers (one kvblocks tensor each), bytes
-    of a block of a layer, dtype, block shape (K/V x tokens x KV heads x head size where the page is
-    that), tokens per block and the spec kind. One KV cache group (this connector turns HMA off)."""
+    of a block of a layer, dtype, block shape, tokens per block and the spec kind. On vLLM's CPU backend
+    the block shape is ``(heads, 2, block_size, head_size)`` with ``extra["interior"] = "vllm-cpu"`` (see
+    ``layouts.INTERIORS``), which lets a decode pull from a prefill with another block size. One KV cache group (this connector
+    turns HMA off)."""
     groups = kv_cache_config.kv_cache_groups
     if len(groups) != 1:
         raise NotImplementedError(f"KvblocksConnector supports one KV cache group, got {len(groups)}")
@@ -154,10 +180,13 @@ def vllm_layout(kv_cache_config: "KVCacheConfig") -> layouts.Layout:
     heads, head = getattr(s, "num_kv_heads", None), getattr(s, "head_size", None)
     page = int(s.page_size_bytes)
     shape: Tuple[int, ...] = (page // itemsize,)
+    extra: Tuple[Tuple[str, Any], ...] = (("spec", type(s).__name__),)
     if heads and head and 2 * s.block_size * heads * head * itemsize == page:
         shape = (2, s.block_size, heads, head)
+        if _cpu_interior(vllm_config):
+            shape, extra = (heads, 2, s.block_size, head), (("interior", "vllm-cpu"),) + extra
     return layouts.Layout(len(groups[0].layer_names), kv_cache_config.num_blocks, page, dtype, shape,
-                          s.block_size, (("spec", type(s).__name__),))
+                          s.block_size, extra)
 
 
 @dataclass
@@ -171,6 +200,20 @@ class _RecvJob:
     report: bool = True  # False: only notify the prefill (no local blocks wait for it)
     t0: float = 0.0  # when the worker got it (hand-off time)
     push_offset: int = -1  # >= 0: layer-wise push: the prefill's blocks from this index land in ours
+    # tokens: remote_block_ids[0] starts at token src_token0, local_block_ids[0] at dst_token0; the pull
+    # moves tokens [dst_token0, num_tokens) (block-for-block when both sides' block sizes are equal)
+    src_token0: int = 0
+    dst_token0: int = 0
+    num_tokens: int = 0
+    bytes: int = 0  # what the pull moves (stats)
+
+
+@dataclass
+class _Group:
+    """The transfers of one transformed pull: it is finished when the last is (failed if any failed)."""
+
+    remaining: int
+    error: Optional[str] = None
 
 
 @dataclass
@@ -235,7 +278,7 @@ class KvblocksConnector(KVConnectorBase_V1):
             raise NotImplementedError("KvblocksConnector supports tensor_parallel_size=1 and "
                                       "pipeline_parallel_size=1 only")
         self._block_size = vllm_config.cache_config.block_size
-        self._layout = vllm_layout(kv_cache_config) if kv_cache_config is not None else None
+        self._layout = vllm_layout(kv_cache_config, vllm_config) if kv_cache_config is not None else None
         if role == KVConnectorRole.SCHEDULER:
             self._sched = _SchedulerSide(self)
             self._worker: Optional[_WorkerSide] = None
@@ -406,8 +449,15 @@ class _SchedulerSide:
             total = hashed * bs + num_external_tokens  # hashed blocks are full blocks
             n_blocks = (total + bs - 1) // bs
             local = [b.block_id for b in group[hashed:n_blocks]]
-            job = _RecvJob(request.request_id, local, remote[hashed:n_blocks], dict(params),
-                           push_offset=hashed if _is_push(info) else -1)
+            theirs = _remote_block_size(info, bs)
+            if theirs == bs:  # block for block
+                job = _RecvJob(request.request_id, local, remote[hashed:n_blocks], dict(params),
+                               push_offset=hashed if _is_push(info) else -1)
+            else:  # the prefill's blocks from token 0 on; the worker plans the transform
+                job = _RecvJob(request.request_id, local, remote[:(total + theirs - 1) // theirs], dict(params),
+                               push_offset=hashed if _is_push(info) else -1)
+            job.src_token0 = 0 if theirs != bs else hashed * bs
+            job.dst_token0, job.num_tokens = hashed * bs, total
         else:
             job = _RecvJob(request.request_id, [], [], dict(params), report=False)  # full local hit
         self._recv[request.request_id] = job
@@ -491,12 +541,30 @@ class _SchedulerSide:
         }
 
 
+def _remote_block_size(info: Dict[str, Any], ours: int) -> int:
+    """The prefill's tokens per block, as its params' layout says (ours when they say nothing usable)."""
+    try:
+        bs = int((info.get("layout") or {}).get("block_size") or ours)
+    except (TypeError, ValueError, AttributeError):
+        return ours
+    return bs if 0 < bs <= 1 << 20 else ours
+
+
 # ====================================================================== worker side
 
 
 def _cache_key(engine_id: str) -> int:
     """The key a prefill registers its KV cache under: decodes find it in the link-time table."""
     return cache_key_of("vllm-kv/" + engine_id)
+
+
+def _check_interior(spec: layouts.Layout, t: torch.Tensor) -> None:
+    """The tensor is the one the layout's interior (vllm-cpu) describes: [blocks, heads, block_size, 2 * head]."""
+    h, _, bs, d = spec.block_shape
+    if tuple(t.shape) != (spec.num_blocks, h, bs, 2 * d):
+        raise ValueError(f"KvblocksConnector: the KV tensor is {tuple(t.shape)}, not [blocks, heads, block_size, "
+                         f"2 * head_size] = {(spec.num_blocks, h, bs, 2 * d)} as vLLM's CPU backend (LBHNC) "
+                         "makes it: this vLLM lays blocks out another way")
 
 
 class _WorkerSide:
@@ -533,7 +601,7 @@ class _WorkerSide:
         self._refused_holds: Set[str] = set()
         # decode
         self.peers = Peers(self.dd, link_timeout_ms=o.link_timeout_ms)
-        self._pulls: Transfers[Tuple[_RecvJob, Peer]] = Transfers()
+        self._pulls: Transfers[Tuple[_RecvJob, Peer, Optional[_Group]]] = Transfers()
         self._recv_done: Set[str] = set()
         self._load_errors: Set[int] = set()
         self._load_errors_out: Set[int] = set()
@@ -569,6 +637,8 @@ class _WorkerSide:
                 raise ValueError(f"KvblocksConnector: a KV tensor is {lay.num_blocks} blocks of {lay.block_bytes} "
                                  f"bytes, the KV cache spec says {spec.num_blocks} of {spec.block_bytes}: a block "
                                  "of a layer must be one contiguous chunk")
+            if layouts.geometry(spec) is not None:
+                _check_interior(spec, tensors[0])
             lay = spec
         self.reg = layouts.register(self.dd, lay, addrs, _cache_key(self.c._engine_id), keepalive=tensors)
         self._layer_of = {n: i for i, n in enumerate(names)}
@@ -603,8 +673,15 @@ class _WorkerSide:
         else:
             self._pushed(released, expired)  # a decode's holds are its reserved blocks (mode push)
         for f in self._pulls.poll():
-            job, p = f.context
-            self._pull_finished(job, p, f.ok, f.seconds, f.error)
+            job, p, grp = f.context
+            ok, error = f.ok, f.error
+            if grp is not None:  # one transfer of a transformed pull
+                grp.remaining -= 1
+                grp.error = grp.error or error
+                if grp.remaining > 0:
+                    continue
+                ok, error = grp.error is None, grp.error
+            self._pull_finished(job, p, ok, f.seconds, error)
         with self._lock:
             recving, self._recv_done = self._recv_done, set()
             self._load_errors_out |= self._load_errors
@@ -772,9 +849,9 @@ class _WorkerSide:
         # push params come from the client: the prefill's cache (as its link announced it) is checked
         theirs = layouts.Layout.from_dict(info["layout"]) if info.get("layout") or not _is_push(info) \
             else self.layout
-        diffs = [d for d in layouts.diff(self.layout, theirs) if not d.transformable]
-        if diffs:
-            raise ValueError(f"KV layout of prefill {p.engine_id} differs from ours: {layouts.explain(diffs)}")
+        compat = layouts.compatible(self.layout, theirs)
+        if not compat.ok:
+            raise ValueError(f"KV layout of prefill {p.engine_id} cannot be moved into ours: {compat.explain()}")
         fresh = not self.peers.is_up(p)
         self.peers.ensure_linked(p)
         key = _cache_key(p.engine_id)
@@ -790,17 +867,51 @@ class _WorkerSide:
                         self.dd.link_path(p.cluster_id))
 
     def _submit(self, job: _RecvJob, p: Peer) -> None:
-        assert self.reg is not None
+        assert self.reg is not None and self.layout is not None
         src, dst = job.remote_block_ids, job.local_block_ids
-        if len(src) != len(dst):
-            raise ValueError(f"request {job.req_id}: {len(src)} remote blocks for {len(dst)} local ones")
-        mode = self.c._opts.test_reverse_blocks
-        if mode == "all" or (mode == "per_request" and job.params.get("_test_reverse_blocks")):
+        info = job.params[PARAMS_KEY]
+        theirs = layouts.Layout.from_dict(info["layout"]) if info.get("layout") else self.layout
+        compat = layouts.compatible(self.layout, theirs)
+        if not compat.ok:
+            raise ValueError(f"KV layout of prefill {p.engine_id} cannot be moved into ours: {compat.explain()}")
+        if _test_mode(self.c._opts.test_reverse_blocks, job.params, "_test_reverse_blocks"):
             dst = dst[::-1]  # tests only: a deliberately wrong mapping
-        if not src:
+        if not src or job.num_tokens <= job.dst_token0 and not compat.same:
             return self._pull_finished(job, p, True, 0.0, None)
         idx = kb.CacheIndex(p.cluster_id, p.caches[_cache_key(p.engine_id)])
-        self._pulls.add(job.req_id, self.dd.pull_kv_blocks_async(idx, self.reg.cache, src, dst), (job, p), job.t0)
+        if not compat.same:
+            return self._submit_transform(job, p, idx, compat, src, dst)
+        if len(src) != len(dst):
+            raise ValueError(f"request {job.req_id}: {len(src)} remote blocks for {len(dst)} local ones")
+        job.bytes = len(src) * self.layout.block_bytes * self.layout.num_layers
+        self._pulls.add(job.req_id, self.dd.pull_kv_blocks_async(idx, self.reg.cache, src, dst), (job, p, None),
+                        job.t0)
+
+    def _submit_transform(self, job: _RecvJob, p: Peer, idx: "kb.CacheIndex", compat: layouts.Compat,
+                          src: List[int], dst: List[int]) -> None:
+        """A pull between unequal layouts: every transfer of the plan is prepared (checked) first, then all
+        are submitted; the request finishes when the last does."""
+        assert self.reg is not None and compat.src is not None and compat.dst is not None
+        maps = None
+        h = compat.src.heads
+        if _test_mode(self.c._opts.test_rotate_heads, job.params, "_test_rotate_heads") and h > 1:
+            maps = [(1, 0, h - 1), (0, h - 1, 1)]  # tests only: heads rotated by one
+        pieces = layouts.plan(compat.src, compat.dst, src, dst, job.dst_token0, job.num_tokens, job.src_token0,
+                              job.dst_token0, maps, sink=NULL_BLOCK)
+        plans = [self.dd.prepare_transfer(idx, self.reg.cache, list(pc.src_blocks), list(pc.dst_blocks),
+                                          src_layout=pc.src_layout, dst_layout=pc.dst_layout,
+                                          src_heads=pc.src_heads, dst_heads=pc.dst_heads) for pc in pieces]
+        job.bytes = sum(x.bytes for x in plans)
+        grp = _Group(len(plans))
+        for k, x in enumerate(plans):
+            try:
+                handle = x.execute_async()
+            except Exception as e:  # noqa: BLE001 - those in flight finish first, then the request fails
+                grp.remaining, grp.error = k, f"{type(e).__name__}: {e}"
+                if k == 0:
+                    raise
+                return
+            self._pulls.add((job.req_id, k), handle, (job, p, grp), job.t0)
 
     def _pull_finished(self, job: _RecvJob, p: Peer, ok: bool, took: float, error: Optional[str]) -> None:
         if not ok:
@@ -808,8 +919,7 @@ class _WorkerSide:
         assert self.layout is not None
         with self._lock:
             self.pull_seconds.append(took)
-            self._stats.record_pull(took, len(job.remote_block_ids) * self.layout.block_bytes
-                                    * self.layout.num_layers)
+            self._stats.record_pull(took, job.bytes)
             self._recv_done.add(job.req_id)
         self._control.put(("notice", (p, job, "done")))
 

@@ -2,7 +2,9 @@
 """One vLLM engine in its own process, driven by JSON lines on stdin (used by the vLLM end-to-end tests).
 
 Usage: ``python engine_proc.py MODEL_DIR CONFIG_JSON``. CONFIG_JSON holds ``kv_transfer`` (a
-``KVTransferConfig`` as a dict, or null for a plain engine). Commands, one JSON object per line:
+``KVTransferConfig`` as a dict, or null for a plain engine) and optionally ``block_size`` (default 32)
+and ``tp`` (tensor_parallel_size, default 1).
+Commands, one JSON object per line:
 
 * ``{"op": "generate", "prompts": [[ids...], ...], "max_tokens": n, "params": [dict|null, ...]}``
   answers ``{"tokens": [[ids...], ...], "kv_transfer_params": [...], "seconds": s}``;
@@ -58,11 +60,13 @@ def main() -> None:
     from vllm.config import KVTransferConfig
 
     kw = {}
+    if cfg.get("tp", 1) > 1:
+        kw["tensor_parallel_size"] = cfg["tp"]
     if cfg.get("log_stats"):
         kw["disable_log_stats"] = False
     if cfg.get("kv_transfer"):
         kw["kv_transfer_config"] = KVTransferConfig(**cfg["kv_transfer"])
-    llm = LLM(model=model_dir, skip_tokenizer_init=True, block_size=32, enforce_eager=True,
+    llm = LLM(model=model_dir, skip_tokenizer_init=True, block_size=cfg.get("block_size", 32), enforce_eager=True,
               kv_cache_memory_bytes=64 << 20, max_model_len=1024, max_num_seqs=8, seed=0,
               enable_prefix_caching=cfg.get("prefix_caching", False), **kw)
     real_stdout.write(json.dumps({"ready": True}) + "\n")

@@ -30,7 +30,7 @@ class Engine:
 
     def __init__(self, name: str, model_dir: str, kv_transfer: Optional[Dict[str, Any]], cpu: int,
                  env: Optional[Dict[str, str]] = None, log_dir: Optional[str] = None, prefix_caching: bool = True,
-                 log_stats: bool = False):
+                 log_stats: bool = False, block_size: int = 32, tp: int = 1):
         self.name = name
         e = dict(os.environ)
         e.update({"VLLM_CPU_OMP_THREADS_BIND": str(cpu), "PYTHONPATH": HERE + os.pathsep + e.get("PYTHONPATH", ""),
@@ -39,7 +39,8 @@ class Engine:
         e.update(env or {})
         self.log_path = os.path.join(log_dir or "/tmp", f"vllm-{name}-{os.getpid()}.log")
         self._log = open(self.log_path, "w")
-        cfg = {"kv_transfer": kv_transfer, "prefix_caching": prefix_caching, "log_stats": log_stats}
+        cfg = {"kv_transfer": kv_transfer, "prefix_caching": prefix_caching, "log_stats": log_stats,
+               "block_size": block_size, "tp": tp}
         self.proc = subprocess.Popen([sys.executable, ENGINE, model_dir, json.dumps(cfg)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, env=e, text=True, bufsize=1,
                                      start_new_session=True)

@@ -218,7 +218,8 @@ def test_a_prefill_whose_cache_does_not_match_its_params_is_refused(caplog):
         d.start(KvblocksConnectorMetadata(reqs_to_recv={"req-7": _RecvJob("req-7", [2], [1], params)}))
         steps(d, lambda s, r: "req-7" in r)
         assert d.take_load_errors() == {2}
-        assert "differs from ours: num_layers: ours 4, theirs 2 (must match)" in caplog.text
+        assert "cannot be moved into ours: num_layers: ours 4, theirs 2 (kvblocks maps layer l to layer l)" \
+            in caplog.text
     finally:
         d.shutdown()
         p.shutdown()
