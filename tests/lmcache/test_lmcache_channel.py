@@ -28,6 +28,7 @@ from lmcache.v1.distributed.transfer_channel import TransferChannelAddress as Ad
 from kvblocks.lmcache import CHANNEL_NAME, register  # noqa: E402
 from kvblocks.lmcache.channel import KvblocksChannelContext  # noqa: E402
 from ports import free_port  # noqa: E402
+from procs import wait_dead, wait_stopped  # noqa: E402
 
 pytestmark = pytest.mark.lmcache
 
@@ -185,13 +186,17 @@ def test_a_peer_without_the_token_gets_no_link(local):
 
 
 def _big_read(local):
-    n, size = 8, 16 * 16 * ALIGN  # 8 x 1 MiB
+    n, size = 8, 8 * 16 * ALIGN  # 8 x 512 KiB
     return ([Addr(offset=i * size, size=size) for i in range(n)],
-            [Addr(offset=(i % 4) * size, size=size) for i in range(n)])
+            [Addr(offset=((i + 3) % 8) * size, size=size) for i in range(n)])
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 def test_a_frozen_peer_fails_the_read_by_the_deadline_and_no_byte_lands_after(transport):
+    """Over TCP the frozen peer cannot serve: every object fails by the deadline and nothing lands later.
+    On one host (auto: cross-memory attach of the registered arena) the reader copies by itself, so the
+    read of a frozen peer's locked objects may succeed: then its bytes must be right; either way it
+    finishes by the deadline."""
     p = PeerProc(transport=transport)
     loc = Local(timeout_ms=800, transport=transport)
     try:
@@ -201,12 +206,18 @@ def test_a_frozen_peer_fails_the_read_by_the_deadline_and_no_byte_lands_after(tr
         assert mask == [True]
         loc.arena[:] = SENTINEL
         os.killpg(p.proc.pid, signal.SIGSTOP)
+        wait_stopped(p.proc.pid)
         mask, took = run(client, la, ra)
-        assert mask == [False] * len(la)
         assert took < 0.8 + 1.0, f"a frozen peer's read took {took:.2f} s against an 0.8 s deadline"
+        if transport == "tcp":
+            assert mask == [False] * len(la)
+        for ok, a, r in zip(mask, la, ra):
+            want = expected(r.offset, r.size) if ok else np.full(a.size, SENTINEL, np.uint8)
+            assert np.array_equal(loc.arena[a.offset:a.offset + a.size], want)
+        snapshot = loc.arena.copy()
         os.killpg(p.proc.pid, signal.SIGCONT)
         time.sleep(1.0)  # whatever the peer had queued it now serves, or drops
-        assert (loc.arena == SENTINEL).all(), "a byte landed after the failed read returned"
+        assert np.array_equal(loc.arena, snapshot), "a byte landed after the read was reported finished"
         # the channel recovers: the next read links again and lands
         deadline = time.monotonic() + 10
         while True:
@@ -217,6 +228,7 @@ def test_a_frozen_peer_fails_the_read_by_the_deadline_and_no_byte_lands_after(tr
         assert mask == [True, True]
         assert np.array_equal(loc.arena[:ra[1].size], expected(ra[0].offset, ra[0].size))
     finally:
+        os.killpg(p.proc.pid, signal.SIGCONT)
         loc.close()
         p.close()
 
@@ -227,6 +239,7 @@ def test_a_killed_peer_fails_the_read_fast(peer, local):
     assert run(client, la[:1], ra[:1])[0] == [True]
     local.arena[:] = SENTINEL
     os.killpg(peer.proc.pid, signal.SIGKILL)
+    wait_dead(peer.proc.pid)
     peer.proc.wait()
     mask, took = run(client, la, ra)
     assert mask == [False] * len(la)
