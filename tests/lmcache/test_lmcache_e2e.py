@@ -129,7 +129,8 @@ def kvblocks_bytes_in(metrics_port):
 
 def engine_cfg(mq_port):
     return {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
-            "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": mq_port}}
+            "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": mq_port,
+                                                  "lmcache.mp.mq_timeout": 60}}
 
 
 @pytest.fixture(scope="module")
@@ -140,17 +141,18 @@ def stack(tmp_path_factory):
     flag = str(d / "corrupt-now")
     procs = {}
     procs["coordinator"] = Proc("coordinator", [sys.executable, "-m", "lmcache.v1.mp_coordinator", "--host",
-                                                "127.0.0.1", "--port", str(coord)], str(d))
+                                                "127.0.0.1", "--port", str(coord), "--disable-metrics"], str(d))
     servers = {}
     for i, launcher in ((1, ["-m", "kvblocks.lmcache"]), (2, [os.path.join(HERE, "corrupt_launcher.py")])):
-        mq, http, p2p, prom, kvm = (free_port() for _ in range(5))
+        mq, http, p2p, kvm = (free_port() for _ in range(4))
         servers[i] = {"mq": mq, "http": http, "kvm": kvm}
         procs[f"server{i}"] = Proc(f"server{i}", [
             sys.executable, *launcher, "server", "--kvblocks-metrics-port", str(kvm),
             "--host", "127.0.0.1", "--port", str(mq), "--http-host", "127.0.0.1", "--http-port", str(http),
-            "--l1-size-gb", "0.25", "--chunk-size", str(CHUNK), "--prometheus-port", str(prom),
+            "--l1-size-gb", "0.25", "--eviction-policy", "LRU", "--supported-transfer-mode", "engine_driven", "--chunk-size", str(CHUNK), "--disable-metrics",
             "--p2p-advertise-url", f"127.0.0.1:{p2p}", "--p2p-load-timeout", "5",
-            "--coordinator-url", f"http://127.0.0.1:{coord}", "--coordinator-heartbeat-interval", "1"],
+            "--coordinator-url", f"http://127.0.0.1:{coord}", "--coordinator-heartbeat-interval", "1",
+            "--coordinator-advertise-ip", "127.0.0.1"],
             str(d), env={"KVBLOCKS_AUTH_TOKEN": TOKEN, "KVBLOCKS_TEST_CORRUPT_FLAG": flag})
     engines = {}
     try:
