@@ -215,13 +215,18 @@ class KvblocksChannelClient(TransferChannelClient):
             if task is None:
                 raise KeyError(f"Unknown read task id: {task_id}")
             self._collect()
-            if not task.finished():
-                return TransferChannelReadResult(finished=False, succeeded_mask=[])
-            del self._tasks[task_id]
-            mask = [False] * task.n
-            for i, ok in task.results.items():
-                mask[i] = ok
-            return TransferChannelReadResult(finished=True, succeeded_mask=mask)
+            finished = task.finished()
+            if finished:
+                del self._tasks[task_id]
+        if not finished:
+            # Callers poll in a loop (LMCache's benchmark spins): leave the CPU to the runtime's copy
+            # threads. Measured on 2 busy cores, 8 x 4 MiB over CMA: 2-5 GB/s without, 9-16 GB/s with.
+            os.sched_yield()
+            return TransferChannelReadResult(finished=False, succeeded_mask=[])
+        mask = [False] * task.n  # the task is ours alone now
+        for i, ok in task.results.items():
+            mask[i] = ok
+        return TransferChannelReadResult(finished=True, succeeded_mask=mask)
 
     def _collect(self) -> None:
         for f in self._transfers.poll():
