@@ -82,6 +82,15 @@ def expected(offset: int, size: int) -> np.ndarray:
 
 @pytest.fixture
 def peer():
+    """A peer of the test's own (the test may freeze or kill it)."""
+    p = PeerProc()
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def shared_peer():
+    """A peer the tests that leave it running share (each peer start costs seconds of imports)."""
     p = PeerProc()
     yield p
     p.close()
@@ -119,9 +128,9 @@ def run(client, local_addrs, remote_addrs, limit: float = 30.0):
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
-def test_objects_land_byte_for_byte(transport):
-    p = PeerProc(transport=transport)
-    loc = Local(transport=transport)
+def test_objects_land_byte_for_byte(transport, shared_peer):
+    p = shared_peer
+    loc = Local(transport=transport)  # the reader picks the path: tcp streams even on one host
     try:
         client = loc.ctx.get_transfer_channel_client(p.url)
         assert loc.ctx.get_transfer_channel_client(p.url) is client  # one client per peer
@@ -139,13 +148,14 @@ def test_objects_land_byte_for_byte(transport):
             touched[la.offset:la.offset + -(-la.size // ALIGN) * ALIGN] = True
         assert (loc.arena[~touched] == SENTINEL).all()
         assert p.ask("clients")["clients"] >= 1
+        path = loc.ctx.dd.link_path(client.peer.cluster_id)
+        assert path == ("tcp" if transport == "tcp" else "cma"), path
     finally:
         loc.close()
-        p.close()
 
 
-def test_flags_are_per_object_and_bad_offsets_are_refused_without_touching_memory(peer, local):
-    client = local.ctx.get_transfer_channel_client(peer.url)
+def test_flags_are_per_object_and_bad_offsets_are_refused_without_touching_memory(shared_peer, local):
+    client = local.ctx.get_transfer_channel_client(shared_peer.url)
     good = Addr(offset=4 * ALIGN, size=2 * ALIGN)
     cases = [
         (Addr(offset=0, size=2 * ALIGN), good),                                   # good
