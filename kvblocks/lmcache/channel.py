@@ -51,7 +51,9 @@ __all__ = ["KvblocksChannelContext", "KvblocksChannelClient", "KvblocksChannelSe
 
 ARENA_KEY = cache_key_of("lmcache-l1-arena")
 _ONE_TENSOR = kb.KvCacheExtParam(src_layer_range=(-1, -1), dst_layer_range=(-1, -1), tensor_num_per_layer=1)
-_RELINK_BACKOFF_S = 1.0  # after a failed link, reads to that peer fail at once for this long
+# After a failed link attempt reads to that peer fail at once for 1 s, doubling with each further failed
+# attempt up to 30 s: a relink blocks the caller (LMCache's prefetch loop) up to link_timeout_ms.
+_RELINK_BACKOFF_S, _RELINK_BACKOFF_MAX_S = 1.0, 30.0
 
 
 def parse_url(url: str) -> Tuple[str, int]:
@@ -121,6 +123,7 @@ class KvblocksChannelClient(TransferChannelClient):
         self._tasks: Dict[int, _Task] = {}
         self._transfers: Transfers[int] = Transfers()
         self._retry_at = 0.0
+        self._link_fails = 0
         self._closed = False
 
     @property
@@ -132,8 +135,10 @@ class KvblocksChannelClient(TransferChannelClient):
     def submit_read(self, local_addresses: List[TransferChannelAddress],
                     remote_addresses: List[TransferChannelAddress]) -> int:
         """Starts reading each remote object into the local one; returns a task id for
-        :meth:`query_read_status`. Never waits for data. An object that fails a check, or every object
-        when the peer cannot be reached, is finished at once with its flag False.
+        :meth:`query_read_status`. Never waits for data; when the peer's link broke it links again first
+        (at most ``link_timeout_ms``, then not again during a back-off of 1 s doubling to 30 s). An
+        object that fails a check, or every object when the peer cannot be reached, is finished at once
+        with its flag False.
 
         Raises ValueError when the two lists differ in length (a caller bug, as in NIXL's channel)."""
         if len(local_addresses) != len(remote_addresses):
@@ -173,9 +178,12 @@ class KvblocksChannelClient(TransferChannelClient):
             try:
                 self._ctx.peers.ensure_linked(p)
             except ConnectionError as e:
-                self._retry_at = time.monotonic() + _RELINK_BACKOFF_S
-                logger.warning("kvblocks channel: %s", e)
+                self._link_fails += 1
+                backoff = min(_RELINK_BACKOFF_MAX_S, _RELINK_BACKOFF_S * 2 ** (self._link_fails - 1))
+                self._retry_at = time.monotonic() + backoff
+                logger.warning("kvblocks channel: %s (next attempt in %.0f s)", e, backoff)
                 return None
+            self._link_fails = 0
         try:
             cid = self._ctx.peers.find_cache(p, ARENA_KEY)
             blocks = int(self._ctx.peers.describe_cache(p, cid)["num_blocks"])
@@ -376,8 +384,10 @@ class KvblocksChannelContext(TransferChannelContext):
         return out
 
     def get_num_connected_clients(self) -> int:
-        """Peers linked to us or linked by us (the engine's live links)."""
-        return len(self.dd.metrics()["peers"]) if self.dd is not None else 0
+        """Peers with a live link to or from this engine."""
+        if self.dd is None:
+            return 0
+        return sum(1 for p in self.dd.metrics()["peers"] if p["peer"] is not None and p["linked"])
 
     def close(self) -> None:
         """Waits out reads in flight, unlinks every peer, unregisters the arena, stops the engine."""
