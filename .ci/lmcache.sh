@@ -13,7 +13,8 @@ ROOT=$(pwd)
 VENV=${VENV:-$ROOT/.venv-vllm-ci}
 t0=$(date +%s)
 
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm, kvblocks" >/dev/null 2>&1; then
+# (imports checked from / : at the checkout root `import kvblocks` would find the unbuilt source tree)
+if [ ! -x "$VENV/bin/python" ] || ! (cd / && "$VENV/bin/python" -c "import vllm, kvblocks") >/dev/null 2>&1; then
   VENV="$VENV" INSTALL_ONLY=1 bash .ci/vllm.sh || { echo "ci/lmcache: the vLLM venv could not be made" >&2; exit 1; }
 fi
 # shellcheck disable=SC1091
