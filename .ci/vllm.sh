@@ -6,6 +6,7 @@
 # Exits non-zero on failure, including when pytest collects no test (exit 5) or skips them all.
 # Env: VENV (default .venv-vllm-ci at the checkout root), KEEP_VENV=1 to reuse an existing one,
 # KVBLOCKS_WHEEL (set by .ci/run: the run's wheel; else kvblocks is built from this checkout).
+# INSTALL_ONLY=1 to stop after the install (.ci/lmcache.sh builds on this venv).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=.ci/lib.sh
@@ -21,6 +22,7 @@ pip install -q transformers safetensors || exit 1   # the tests write their chec
 pip install -q nixl==1.5.1 >/dev/null 2>&1 || echo "ci/vllm: nixl not installable: the NixlConnector comparison is skipped"
 t1=$(date +%s)
 echo "ci/vllm: install took $((t1 - t0)) s; venv size $(du -sh "$VENV" | cut -f1)"
+[ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
 
 # From outside the checkout so that the installed kvblocks is imported, not the source tree.
 cd /

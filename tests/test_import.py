@@ -45,3 +45,10 @@ def test_import_and_metrics_leave_prometheus_client_out():
     code = ("import sys, kvblocks; kvblocks.metrics(); "
             "print('prometheus_client' in sys.modules, 'kvblocks.prometheus' in sys.modules)")
     assert run(code) == "False False"
+
+
+def test_import_leaves_lmcache_and_its_channel_out():
+    """kvblocks.lmcache is loaded only by its launcher or by hand; importing it does not import LMCache."""
+    code = ("import sys, kvblocks; a = ('kvblocks.lmcache' in sys.modules, 'lmcache' in sys.modules); "
+            "import kvblocks.lmcache; print(*a, 'lmcache' in sys.modules)")
+    assert run(code) == "False False False"
