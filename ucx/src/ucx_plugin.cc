@@ -9,6 +9,7 @@
 #include <time.h>
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -36,6 +37,18 @@ struct kvb_ctx {
   std::atomic<int> sleepers{0};  // callers asleep on efd: a completion must signal the worker
   std::mutex mu;
   std::condition_variable cv;
+  // Endpoints closed while a flush of theirs was still in flight: the progress thread closes each
+  // UCP endpoint once its flushes finished (Close(), Reap()).
+  std::mutex graves_mu;
+  std::vector<kvb_ep *> graves;
+  std::atomic<int> ngraves{0};
+};
+
+// A flush request and what its callback sets: on the heap, as it may outlive the call that posted it.
+struct Flushed {
+  kvb_ctx *ctx;
+  void *req = nullptr;
+  std::atomic<bool> done{false};  // the callback returned
 };
 
 struct kvb_mem {
@@ -45,12 +58,27 @@ struct kvb_mem {
   size_t rkey_len = 0;
 };
 
+// The phases of a call on an endpoint (see the gate in kvb_ep).
+enum Phase { kOps = 0, kFlush = 1 };
+
 struct kvb_ep {
   kvb_ctx *ctx;
   ucp_ep_h ep = nullptr;
   std::shared_mutex mu;  // posting holds it shared; the force-close exclusive
-  bool closed = false;
+  bool closed = false;   // the UCP endpoint is closed (under mu)
   std::atomic<bool> failed{false};  // the error handler ran (peer failure)
+  // The gate, under gate_mu. A call posts its operations and waits for them in the ops phase, then
+  // (puts) flushes in the flush phase; the two phases never overlap on one endpoint, so a call that
+  // must force-close (to cancel its operations) never does so under a flush in flight. UCX 1.22 can
+  // leave a flush it parked on the worker's progress queue pointing at the freed endpoint (the
+  // resume callback then crashes the next ucp_worker_progress), so a flush in flight is never closed
+  // under: its endpoint is retired and closed once it finished (Retire, Close, Reap).
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  int active[2] = {0, 0};   // calls in each phase
+  int waiting[2] = {0, 0};  // calls waiting to enter it (a waiting flush goes before new operations)
+  bool retired = false;     // a call failed or timed out: no new one starts
+  std::vector<Flushed *> lingering;  // flushes still in flight whose call returned before them
 };
 
 struct kvb_rkey {
@@ -89,10 +117,16 @@ int64_t SpinNs() {
 // progress thread parks, checking every kParkMs whether they are gone.
 constexpr int kParkMs = 1;
 
+void Reap(kvb_ctx *c);
+
 void ProgressLoop(kvb_ctx *c) {
   const int64_t spin = SpinNs();
-  int64_t last = 0;
+  int64_t last = 0, next_reap = 0;
   while (!c->stop.load(std::memory_order_relaxed)) {
+    if (c->ngraves.load(std::memory_order_relaxed) > 0 && Now() >= next_reap) {
+      Reap(c);
+      next_reap = Now() + 1000000;
+    }
     if (c->waiters.load() > 0) {
       std::unique_lock<std::mutex> g(c->mu);
       c->cv.wait_for(g, std::chrono::milliseconds(kParkMs), [c] { return c->stop.load(); });
@@ -168,8 +202,10 @@ class Waiter {
 void OnError(void *arg, ucp_ep_h, ucs_status_t) { static_cast<kvb_ep *>(arg)->failed.store(true); }
 
 // Force-closes the endpoint: UCX completes every outstanding operation on it (cancelled) and
-// closes its transports, so nothing lands in local memory afterwards.
-void ForceClose(kvb_ep *e) {
+// closes its transports, so nothing lands in local memory afterwards. Only when no flush is in
+// flight on it (kvb_ep's gate). `wait`: progress the worker until the close completed (false only
+// once nothing progresses the worker any more: Destroy).
+void ForceClose(kvb_ep *e, bool wait = true) {
   std::unique_lock<std::shared_mutex> g(e->mu);
   if (e->closed) return;
   e->closed = true;
@@ -180,8 +216,68 @@ void ForceClose(kvb_ep *e) {
   void *req = ucp_ep_close_nbx(e->ep, &p);
   ucs_status_t st;
   // A forced close completes locally; the bound only guards against a UCX defect.
-  if (!Wait(e->ctx, req, Now() + 5000000000LL, &st)) fprintf(stderr, "kvblocks: UCX endpoint close is slow\n");
+  if (wait && !Wait(e->ctx, req, Now() + 5000000000LL, &st)) fprintf(stderr, "kvblocks: UCX endpoint close is slow\n");
   if (req != nullptr && !UCS_PTR_IS_ERR(req)) ucp_request_free(req);
+}
+
+// Whether a flush finished: its request completed and its callback returned (`f` may go).
+bool Finished(const Flushed *f) { return f->done.load() && ucp_request_check_status(f->req) != UCS_INPROGRESS; }
+
+void FreeFlush(Flushed *f) {
+  ucp_request_free(f->req);
+  delete f;
+}
+
+// Frees the flushes of `fs` that finished; true when none is left in flight.
+bool DropFinished(std::vector<Flushed *> *fs) {
+  size_t k = 0;
+  for (Flushed *f : *fs) {
+    if (Finished(f)) FreeFlush(f);
+    else (*fs)[k++] = f;
+  }
+  fs->resize(k);
+  return k == 0;
+}
+
+// No new call starts on the endpoint (a call failed or ran out of time). It is force-closed now
+// when no flush is in flight on it; else Close() (or the reaper after it) closes it after the last.
+// A call in the ops phase always closes it here: the phases never overlap, and a lingering flush
+// retired the endpoint before any call could enter the ops phase.
+void Retire(kvb_ep *e) {
+  bool close_now;
+  {
+    std::lock_guard<std::mutex> g(e->gate_mu);
+    e->retired = true;
+    close_now = e->active[kFlush] == 0 && DropFinished(&e->lingering);
+  }
+  e->gate_cv.notify_all();
+  if (close_now) ForceClose(e);
+}
+
+// The endpoints Close() handed over: each is closed once its last flush finished (on the progress
+// thread, about every millisecond while any is left).
+void Reap(kvb_ctx *c) {
+  std::vector<kvb_ep *> graves, left;
+  {
+    std::lock_guard<std::mutex> g(c->graves_mu);
+    graves.swap(c->graves);
+  }
+  for (kvb_ep *e : graves) {
+    bool done;
+    {
+      std::lock_guard<std::mutex> g(e->gate_mu);
+      done = DropFinished(&e->lingering);
+    }
+    if (!done) {
+      left.push_back(e);
+      continue;
+    }
+    ForceClose(e);
+    delete e;
+  }
+  std::lock_guard<std::mutex> g(c->graves_mu);
+  c->graves.insert(c->graves.end(), left.begin(), left.end());
+  c->ngraves.store(static_cast<int>(c->graves.size()));
 }
 
 const char *Version() { return ucp_get_version_string(); }
@@ -269,6 +365,14 @@ void Destroy(kvb_ctx *c) {
   }
   ucp_worker_signal(c->worker);
   c->progress.join();
+  // Endpoints whose flushes never finished (a peer frozen until now): nothing progresses the worker
+  // from here on, so a flush UCX parked on its progress queue never runs on the freed endpoint.
+  for (kvb_ep *e : c->graves) {
+    ForceClose(e, false);
+    for (Flushed *f : e->lingering) FreeFlush(f);  // after the close: it may complete them
+    delete e;
+  }
+  c->graves.clear();
   ucp_worker_release_address(c->worker, c->address);
   ucp_worker_destroy(c->worker);
   ucp_cleanup(c->context);
@@ -359,120 +463,225 @@ void RkeyDestroy(kvb_rkey *r) {
 // The flush's completion, wherever it runs: the progress thread may complete it while the caller
 // sleeps on the worker's event fd, so it wakes the caller rather than leave it to its poll timeout.
 // Only when a caller sleeps: a signal also wakes a progress thread asleep on the same fd.
-struct Flushed {
-  kvb_ctx *ctx;
-  std::atomic<bool> done{false};
-};
-
 void OnFlushed(void *, ucs_status_t, void *arg) {
   auto *f = static_cast<Flushed *>(arg);
+  kvb_ctx *c = f->ctx;  // f may be freed once done is set (Finished)
   f->done.store(true);
-  if (f->ctx->sleepers.load() > 0) ucp_worker_signal(f->ctx->worker);
+  if (c->sleepers.load() > 0) ucp_worker_signal(c->worker);
 }
 
-void FreeAll(std::vector<void *> *reqs, ucs_status_t *worst) {
-  for (void *r : *reqs) {
-    const ucs_status_t s = ucp_request_check_status(r);
-    if (s != UCS_OK && *worst == UCS_OK) *worst = s;
-    ucp_request_free(r);
-  }
+void FreeAll(std::vector<void *> *reqs) {
+  for (void *r : *reqs) ucp_request_free(r);
   reqs->clear();
 }
 
-int Run(kvb_ep *e, kvb_rkey *const *rkeys, size_t nrkeys, kvb_mem *const *lmems, size_t nlmems,
-        const kvb_op *ops, size_t n, int get, int64_t deadline, int (*keep_going)(void *), void *arg, char *err,
-        size_t errlen) {
-  Waiter waiter(e->ctx);  // from the first post: posting large puts is most of the sending
-  std::vector<void *> reqs;
-  void *flush = nullptr;
-  Flushed flushed{e->ctx};  // outlives the flush: a forced close completes it before we return
-  ucs_status_t st = UCS_OK;
+// Enters `phase` of the endpoint's gate: the ops phase waits while a flush is in flight or waiting,
+// the flush phase while operations are. KVB_OK, or why not.
+int Enter(kvb_ep *e, Phase phase, int64_t deadline, int (*keep_going)(void *), void *arg, char *err, size_t errlen) {
+  std::unique_lock<std::mutex> g(e->gate_mu);
+  ++e->waiting[phase];
+  int out = KVB_OK;
+  for (;;) {
+    if (e->retired || e->failed.load()) {
+      out = KVB_FAILED;
+      if (err != nullptr && errlen != 0) snprintf(err, errlen, "the UCX endpoint has failed or was closed");
+      break;
+    }
+    if (phase == kFlush ? e->active[kOps] == 0 : e->active[kFlush] == 0 && e->waiting[kFlush] == 0) break;
+    const int64_t now = Now();
+    if (now >= deadline) {
+      out = KVB_TIMEOUT;
+      break;
+    }
+    if (keep_going != nullptr && !keep_going(arg)) {
+      out = KVB_ABORTED;
+      break;
+    }
+    e->gate_cv.wait_for(g, std::chrono::nanoseconds(std::min<int64_t>(deadline - now, 1000000)));
+  }
+  --e->waiting[phase];
+  if (out == KVB_OK) ++e->active[phase];
+  g.unlock();
+  if (out != KVB_OK) e->gate_cv.notify_all();  // a flush that gave up no longer holds operations back
+  return out;
+}
+
+void Leave(kvb_ep *e, Phase phase) {
+  {
+    std::lock_guard<std::mutex> g(e->gate_mu);
+    --e->active[phase];
+  }
+  e->gate_cv.notify_all();
+}
+
+// Posts every op; the requests still in flight go to `reqs`.
+int Post(kvb_ep *e, kvb_rkey *const *rkeys, size_t nrkeys, kvb_mem *const *lmems, size_t nlmems, const kvb_op *ops,
+         size_t n, int get, std::vector<void *> *reqs, char *err, size_t errlen) {
+  std::shared_lock<std::shared_mutex> g(e->mu);
+  if (e->closed || e->failed.load()) {
+    if (err != nullptr && errlen != 0) snprintf(err, errlen, "the UCX endpoint has failed or was closed");
+    return KVB_FAILED;
+  }
+  ucp_request_param_t p;
+  memset(&p, 0, sizeof(p));
+  for (size_t i = 0; i < n; ++i) {
+    const kvb_op &o = ops[i];
+    if (o.rkey >= nrkeys || (o.lmem != KVB_NO_MEM && o.lmem >= nlmems)) {
+      Say(err, errlen, get ? "ucp_get_nbx" : "ucp_put_nbx", UCS_ERR_INVALID_PARAM);
+      return KVB_FAILED;
+    }
+    // one of many (a lane hint), and the local mapping when known (no registration lookup)
+    p.op_attr_mask = UCP_OP_ATTR_FLAG_MULTI_SEND;
+    if (o.lmem != KVB_NO_MEM) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      p.memh = lmems[o.lmem]->memh;
+    }
+    void *r = get ? ucp_get_nbx(e->ep, reinterpret_cast<void *>(o.local), o.len, o.remote, rkeys[o.rkey]->rkey, &p)
+                  : ucp_put_nbx(e->ep, reinterpret_cast<void *>(o.local), o.len, o.remote, rkeys[o.rkey]->rkey, &p);
+    if (UCS_PTR_IS_ERR(r)) {
+      Say(err, errlen, get ? "ucp_get_nbx" : "ucp_put_nbx", UCS_PTR_STATUS(r));
+      return KVB_FAILED;
+    }
+    if (r != nullptr) reqs->push_back(r);
+  }
+  return KVB_OK;
+}
+
+// Why a wait stops early, checked about every millisecond: the peer failed, or the caller says stop.
+int Interrupted(kvb_ep *e, int64_t now, int64_t *next_check, int (*keep_going)(void *), void *arg) {
+  if (now < *next_check) return KVB_OK;
+  *next_check = now + 1000000;
+  if (e->failed.load()) return KVB_FAILED;
+  if (keep_going != nullptr && !keep_going(arg)) return KVB_ABORTED;
+  return KVB_OK;
+}
+
+// Waits for every request of `reqs`: a get's data has landed, a put's source is no longer needed
+// (its data may still be on its way).
+int AwaitOps(kvb_ep *e, Waiter *w, const std::vector<void *> &reqs, int64_t deadline, int (*keep_going)(void *),
+             void *arg, char *err, size_t errlen) {
+  static const std::atomic<bool> kNever{false};  // no callback: the worker's events wake a sleeper
+  int64_t next_check = 0;
+  for (size_t i = 0; i < reqs.size();) {
+    const ucs_status_t st = ucp_request_check_status(reqs[i]);
+    if (st == UCS_OK) {
+      ++i;
+      continue;
+    }
+    if (st != UCS_INPROGRESS) {
+      Say(err, errlen, "operation", st);
+      return KVB_FAILED;
+    }
+    const int64_t now = Now();
+    if (now >= deadline) return KVB_TIMEOUT;
+    const int out = Interrupted(e, now, &next_check, keep_going, arg);
+    if (out != KVB_OK) return out;
+    w->Step(now, kNever);
+  }
+  return KVB_OK;
+}
+
+// The flush phase of a put: posted once every put completed locally, so a call that times out here
+// has nothing left to cancel; its flush lingers on the endpoint until it finishes, and the endpoint
+// is retired, never closed under it.
+int Flush(kvb_ep *e, Waiter *w, int64_t deadline, int (*keep_going)(void *), void *arg, char *err, size_t errlen) {
+  int out = Enter(e, kFlush, deadline, keep_going, arg, err, errlen);
+  if (out != KVB_OK) {
+    Retire(e);
+    return out;
+  }
+  auto *f = new Flushed{e->ctx};
   {
     std::shared_lock<std::shared_mutex> g(e->mu);
     if (e->closed || e->failed.load()) {
-      if (err != nullptr) snprintf(err, errlen, "the UCX endpoint has failed or was closed");
-      return KVB_FAILED;
-    }
-    ucp_request_param_t p;
-    memset(&p, 0, sizeof(p));
-    for (size_t i = 0; i < n && st == UCS_OK; ++i) {
-      const kvb_op &o = ops[i];
-      if (o.rkey >= nrkeys || (o.lmem != KVB_NO_MEM && o.lmem >= nlmems)) {
-        st = UCS_ERR_INVALID_PARAM;
-        break;
-      }
-      // one of many (a lane hint), and the local mapping when known (no registration lookup)
-      p.op_attr_mask = UCP_OP_ATTR_FLAG_MULTI_SEND;
-      if (o.lmem != KVB_NO_MEM) {
-        p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-        p.memh = lmems[o.lmem]->memh;
-      }
-      void *r = get ? ucp_get_nbx(e->ep, reinterpret_cast<void *>(o.local), o.len, o.remote, rkeys[o.rkey]->rkey, &p)
-                    : ucp_put_nbx(e->ep, reinterpret_cast<void *>(o.local), o.len, o.remote, rkeys[o.rkey]->rkey, &p);
-      if (UCS_PTR_IS_ERR(r)) st = UCS_PTR_STATUS(r);
-      else if (r != nullptr) reqs.push_back(r);
-    }
-    if (st == UCS_OK) {
+      if (err != nullptr && errlen != 0) snprintf(err, errlen, "the UCX endpoint has failed or was closed");
+      out = KVB_FAILED;
+    } else {
+      ucp_request_param_t p;
       memset(&p, 0, sizeof(p));
       p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
       p.cb.send = OnFlushed;
-      p.user_data = &flushed;
-      flush = ucp_ep_flush_nbx(e->ep, &p);
+      p.user_data = f;
+      f->req = ucp_ep_flush_nbx(e->ep, &p);
     }
   }
-  int out = KVB_OK;
-  if (st != UCS_OK) {
+  if (out == KVB_OK && UCS_PTR_IS_ERR(f->req)) {
     out = KVB_FAILED;
-    Say(err, errlen, get ? "ucp_get_nbx" : "ucp_put_nbx", st);
-  } else if (UCS_PTR_IS_ERR(flush)) {
-    out = KVB_FAILED;
-    Say(err, errlen, "ucp_ep_flush_nbx", UCS_PTR_STATUS(flush));
-    flush = nullptr;
-  } else if (flush != nullptr) {
+    Say(err, errlen, "ucp_ep_flush_nbx", UCS_PTR_STATUS(f->req));
+  }
+  if (out != KVB_OK || f->req == nullptr) {  // not posted, failed, or done at once: no callback comes
+    delete f;
+    f = nullptr;
+  } else {
     int64_t next_check = 0;
-    while ((st = ucp_request_check_status(flush)) == UCS_INPROGRESS) {
+    while (!Finished(f)) {
       const int64_t now = Now();
       if (now >= deadline) {
         out = KVB_TIMEOUT;
         break;
       }
-      if (now >= next_check) {  // about every millisecond: the peer's state, the caller's say
-        next_check = now + 1000000;
-        if (e->failed.load()) {
-          out = KVB_FAILED;
-          break;
-        }
-        if (keep_going != nullptr && !keep_going(arg)) {
-          out = KVB_ABORTED;
-          break;
-        }
+      if ((out = Interrupted(e, now, &next_check, keep_going, arg)) != KVB_OK) break;
+      w->Step(now, f->done);
+    }
+    if (out == KVB_OK) {
+      const ucs_status_t st = ucp_request_check_status(f->req);
+      if (st != UCS_OK) {
+        out = KVB_FAILED;
+        Say(err, errlen, "flush", st);
       }
-      waiter.Step(now, flushed.done);
-    }
-    if (out == KVB_OK && st != UCS_OK) {
-      out = KVB_FAILED;
-      Say(err, errlen, "flush", st);
+      FreeFlush(f);
+      f = nullptr;
     }
   }
-  if (out != KVB_OK) ForceClose(e);  // completes (cancels) every outstanding request first
-  if (flush != nullptr) {
-    if (out == KVB_OK && ucp_request_check_status(flush) != UCS_OK) out = KVB_FAILED;
-    ucp_request_free(flush);
+  {
+    std::lock_guard<std::mutex> g(e->gate_mu);
+    if (f != nullptr) e->lingering.push_back(f);
+    --e->active[kFlush];
   }
-  ucs_status_t worst = UCS_OK;
-  FreeAll(&reqs, &worst);
-  if (out == KVB_OK && worst != UCS_OK) {
-    Say(err, errlen, "operation", worst);
-    ForceClose(e);
-    out = KVB_FAILED;
-  }
+  e->gate_cv.notify_all();
+  if (out != KVB_OK) Retire(e);
   return out;
 }
 
+int Run(kvb_ep *e, kvb_rkey *const *rkeys, size_t nrkeys, kvb_mem *const *lmems, size_t nlmems,
+        const kvb_op *ops, size_t n, int get, int64_t deadline, int (*keep_going)(void *), void *arg, char *err,
+        size_t errlen) {
+  int out = Enter(e, kOps, deadline, keep_going, arg, err, errlen);
+  if (out != KVB_OK) {
+    Retire(e);
+    return out;
+  }
+  Waiter waiter(e->ctx);  // from the first post: posting large puts is most of the sending
+  std::vector<void *> reqs;
+  out = Post(e, rkeys, nrkeys, lmems, nlmems, ops, n, get, &reqs, err, errlen);
+  if (out == KVB_OK) out = AwaitOps(e, &waiter, reqs, deadline, keep_going, arg, err, errlen);
+  if (out != KVB_OK) Retire(e);  // in the ops phase: closes, cancelling what is still in flight
+  FreeAll(&reqs);
+  Leave(e, kOps);
+  // A get's data is here once its request completed; a put's needs the flush.
+  if (out != KVB_OK || get) return out;
+  return Flush(e, &waiter, deadline, keep_going, arg, err, errlen);
+}
+
+// Closes and frees the endpoint; one with a flush still in flight is handed to the reaper, which
+// closes it once the flush finished (its error handler's argument, `e`, lives until then).
 void Close(kvb_ep *e) {
   if (e == nullptr) return;
-  ForceClose(e);
-  delete e;
+  bool in_flight;
+  {
+    std::lock_guard<std::mutex> g(e->gate_mu);
+    e->retired = true;
+    in_flight = e->active[kFlush] > 0 || !DropFinished(&e->lingering);
+  }
+  if (!in_flight) {
+    ForceClose(e);
+    delete e;
+    return;
+  }
+  kvb_ctx *c = e->ctx;
+  std::lock_guard<std::mutex> g(c->graves_mu);
+  c->graves.push_back(e);
+  c->ngraves.store(static_cast<int>(c->graves.size()));
 }
 
 const kvb_backend_api kApi = {KVB_BACKEND_ABI_VERSION, "ucx", 1u << KVB_MEM_HOST, Version, Create, Destroy,
