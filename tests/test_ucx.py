@@ -247,6 +247,42 @@ def test_killed_peer_fails_fast_and_relinks_after_restart(frozen_setup, ucx_tls)
         peer2.close()
 
 
+@pytest.mark.parametrize("then", ["unlink_thaw_relink", "finalize_frozen"])
+def test_push_timing_out_in_its_flush_then_unlink_or_finalize(ucx_tls, then):
+    """A small push to a frozen, wired-up peer: every put leaves (32 KiB fit the socket), only the flush
+    waits, and it times out. The plugin must not close the endpoint under that flush (UCX 1.22 would
+    run it on the freed endpoint later): it lingers, the unlink hands the endpoint over, and it is
+    closed once the thawed peer completes the flush (the relink then pushes afresh); or finalize
+    closes it with the peer still frozen. Either way without a crash or a hang."""
+    port = free_port()
+    peer = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", options=TRUSTED, tensors=T, blocks=B, block_bytes=1024,
+                wait_ms=WAIT_MS)
+    me = _engine(2, wait_ms=WAIT_MS)
+    try:
+        cache = me.allocate_cache(kb.CacheDesc(T, kb.DataType.DT_UINT8, [B, 1024]))
+        assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
+        remote = kb.CacheIndex(1, peer.info["alloc"])
+        me.push_kv_blocks(cache, remote, [0], [0])  # wire-up done: the frozen peer is frozen mid-link
+        for t in range(T):
+            cache.numpy(t)[:] = 0xAB
+        out = _call_frozen_peer(peer, lambda: me.push_kv_blocks(cache, remote, list(range(B)), list(range(B))))
+        assert out["status"] == kb.Status.LLM_TIMEOUT
+        assert out["elapsed"] <= WAIT_MS / 1000 + MARGIN_S
+        if then == "finalize_frozen":
+            t0 = time.monotonic()
+            me.finalize()
+            assert time.monotonic() - t0 <= 5.0
+            return
+        assert me.unlink_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
+        os.kill(peer.info["pid"], signal.SIGCONT)
+        assert me.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
+        me.push_kv_blocks(cache, remote, list(range(B)), list(range(B)))
+        for t in range(T):
+            assert np.all(peer.read("alloc", t) == 0xAB)
+    finally:
+        release(peer, me)
+
+
 def test_killed_idle_peer_fails_the_next_call_within_a_second(ucx_tls):
     port = free_port()
     peer = Peer(1, listen=f"127.0.0.1:{port}", transport="ucx", options=TRUSTED, tensors=T, blocks=B, block_bytes=BB)
