@@ -581,9 +581,47 @@ int AwaitOps(kvb_ep *e, Waiter *w, const std::vector<void *> &reqs, int64_t dead
   return KVB_OK;
 }
 
+// Posts the endpoint's flush; KVB_OK with f->req the request, or nullptr when it finished at once.
+int PostFlush(kvb_ep *e, Flushed *f, char *err, size_t errlen) {
+  std::shared_lock<std::shared_mutex> g(e->mu);
+  if (e->closed || e->failed.load()) {
+    if (err != nullptr && errlen != 0) snprintf(err, errlen, "the UCX endpoint has failed or was closed");
+    return KVB_FAILED;
+  }
+  ucp_request_param_t p;
+  memset(&p, 0, sizeof(p));
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = OnFlushed;
+  p.user_data = f;
+  void *r = ucp_ep_flush_nbx(e->ep, &p);
+  if (UCS_PTR_IS_ERR(r)) {
+    Say(err, errlen, "ucp_ep_flush_nbx", UCS_PTR_STATUS(r));
+    return KVB_FAILED;
+  }
+  f->req = r;
+  return KVB_OK;
+}
+
+// Waits for a posted flush; KVB_OK when it finished (then its status), else why it stopped waiting.
+int AwaitFlush(kvb_ep *e, Waiter *w, Flushed *f, int64_t deadline, int (*keep_going)(void *), void *arg, char *err,
+               size_t errlen) {
+  int64_t next_check = 0;
+  while (!Finished(f)) {
+    const int64_t now = Now();
+    if (now >= deadline) return KVB_TIMEOUT;
+    const int out = Interrupted(e, now, &next_check, keep_going, arg);
+    if (out != KVB_OK) return out;
+    w->Step(now, f->done);
+  }
+  const ucs_status_t st = ucp_request_check_status(f->req);
+  if (st == UCS_OK) return KVB_OK;
+  Say(err, errlen, "flush", st);
+  return KVB_FAILED;
+}
+
 // The flush phase of a put: posted once every put completed locally, so a call that times out here
-// has nothing left to cancel; its flush lingers on the endpoint until it finishes, and the endpoint
-// is retired, never closed under it.
+// has nothing left to cancel. Its flush then lingers on the endpoint until it finishes, and the
+// endpoint is retired, never closed under it.
 int Flush(kvb_ep *e, Waiter *w, int64_t deadline, int (*keep_going)(void *), void *arg, char *err, size_t errlen) {
   int out = Enter(e, kFlush, deadline, keep_going, arg, err, errlen);
   if (out != KVB_OK) {
@@ -591,47 +629,16 @@ int Flush(kvb_ep *e, Waiter *w, int64_t deadline, int (*keep_going)(void *), voi
     return out;
   }
   auto *f = new Flushed{e->ctx};
-  {
-    std::shared_lock<std::shared_mutex> g(e->mu);
-    if (e->closed || e->failed.load()) {
-      if (err != nullptr && errlen != 0) snprintf(err, errlen, "the UCX endpoint has failed or was closed");
-      out = KVB_FAILED;
-    } else {
-      ucp_request_param_t p;
-      memset(&p, 0, sizeof(p));
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-      p.cb.send = OnFlushed;
-      p.user_data = f;
-      f->req = ucp_ep_flush_nbx(e->ep, &p);
-    }
-  }
-  if (out == KVB_OK && UCS_PTR_IS_ERR(f->req)) {
-    out = KVB_FAILED;
-    Say(err, errlen, "ucp_ep_flush_nbx", UCS_PTR_STATUS(f->req));
-  }
-  if (out != KVB_OK || f->req == nullptr) {  // not posted, failed, or done at once: no callback comes
-    delete f;
-    f = nullptr;
-  } else {
-    int64_t next_check = 0;
-    while (!Finished(f)) {
-      const int64_t now = Now();
-      if (now >= deadline) {
-        out = KVB_TIMEOUT;
-        break;
-      }
-      if ((out = Interrupted(e, now, &next_check, keep_going, arg)) != KVB_OK) break;
-      w->Step(now, f->done);
-    }
-    if (out == KVB_OK) {
-      const ucs_status_t st = ucp_request_check_status(f->req);
-      if (st != UCS_OK) {
-        out = KVB_FAILED;
-        Say(err, errlen, "flush", st);
-      }
+  out = PostFlush(e, f, err, errlen);
+  if (out == KVB_OK && f->req != nullptr) {
+    out = AwaitFlush(e, w, f, deadline, keep_going, arg, err, errlen);
+    if (Finished(f)) {
       FreeFlush(f);
       f = nullptr;
     }
+  } else {  // not posted, or finished at once: no callback comes
+    delete f;
+    f = nullptr;
   }
   {
     std::lock_guard<std::mutex> g(e->gate_mu);
