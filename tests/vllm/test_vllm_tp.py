@@ -1,0 +1,135 @@
+# SPDX-License-Identifier: Apache-2.0
+"""KvblocksConnector between a prefill and a decode with different tensor parallelism (real vLLM CPU
+engines, each in its own process group; the TP=2 engine's two workers each run their own kvblocks engine,
+listener and cache): prefill TP=2 -> decode TP=1 (the decode pulls KV head 0 from prefill rank 0 and
+head 1 from rank 1, one pull each) and prefill TP=1 -> decode TP=2 (each decode rank pulls its head from
+the one prefill rank, which frees the blocks after both ranks' "done"). Same greedy tokens as one engine,
+no recompute, blocks freed by the notices (not the lease); the ranks' heads deliberately swapped
+(``_test_swap_ranks``) change the tokens.
+
+Frugal by design (the vLLM suite's CI budget): two kv_both engines (TP=2 and TP=1) serve both
+directions, and each direction is one prefill call and one decode call, the negative control's prompts
+in the same batches as the positive ones (the wrong mapping is asked per request). The reference is the
+TP=1 engine alone; prefix caching is off on both, so a decode never has a local hit for a prompt it
+already generated and pulls every token.
+"""
+import json
+import os
+import random
+import sys
+import threading
+import time
+
+import pytest
+
+try:  # see test_vllm_e2e.py
+    import transformers  # noqa: F401
+    import vllm.distributed.kv_transfer.kv_connector.v1.base  # noqa: F401
+except Exception as e:  # noqa: BLE001
+    pytest.skip(f"vLLM is not importable ({type(e).__name__}: {e}); pip install 'kvblocks[vllm]' and "
+                "pip uninstall -y torchvision torchaudio torchcodec", allow_module_level=True)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Engine, free_port, make_model, wait_until  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+MAX_TOKENS = 12
+LEASE_S = 100  # abort_timeout_s: a request freed sooner was freed by its decode ranks' notices
+RESULTS = {}
+
+
+def prompts(seed, lengths):
+    rnd = random.Random(seed)
+    return [[rnd.randrange(1, 512) for _ in range(n)] for n in lengths]
+
+
+LENGTHS = [5, 33, 70, 150]  # below one block, inside the second, several blocks
+TO1, TO2 = prompts(201, LENGTHS), prompts(202, LENGTHS)  # prefill TP=2 -> decode TP=1, and 1 -> 2
+SWAP1, SWAP2 = prompts(203, [100, 150]), prompts(204, [100, 150])  # the same, ranks' heads swapped
+
+
+def kv_both(port, **extra):
+    return {"kv_connector": "TimedKvblocksConnector", "kv_connector_module_path": "timed_connectors",
+            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": dict(listen=f"127.0.0.1:{port}", abort_timeout_s=LEASE_S,
+                                              _test_swap_ranks="per_request", **extra)}
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """(reference tokens by prompt, TP=2 engine, TP=1 engine, start-up seconds of each)."""
+    d = tmp_path_factory.mktemp("vllm-tp")
+    model = make_model(str(d / "model"))
+    t0 = time.monotonic()
+    tp2 = Engine("tp2", model, kv_both(free_port(2)), "0|1", log_dir=str(d), tp=2, prefix_caching=False,
+                 env={"KVB_SEND_FILE": str(d / "sent-tp2.jsonl")})
+    tp1 = Engine("tp1", model, kv_both(free_port()), 1, log_dir=str(d), prefix_caching=False,
+                 env={"KVB_SEND_FILE": str(d / "sent-tp1.jsonl")})
+    tp2.sent, tp1.sent = str(d / "sent-tp2.jsonl"), str(d / "sent-tp1.jsonl")
+    try:
+        started = {}
+        for e in (tp1, tp2):  # both start at once; each wait ends when that one is up
+            e.wait_ready(600)
+            started[e.name] = round(time.monotonic() - t0, 1)
+        batch = TO1 + TO2 + SWAP1 + SWAP2
+        ref = {tuple(p): t for p, t in zip(batch, tp1.generate(batch, MAX_TOKENS)["tokens"])}
+        RESULTS["startup_s"] = started
+        yield ref, tp2, tp1
+    finally:  # both at once: an engine takes seconds to quit
+        closers = [threading.Thread(target=e.close) for e in (tp2, tp1)]
+        for t in closers:
+            t.start()
+        for t in closers:
+            t.join()
+    print("\nvLLM unequal tensor parallelism:", json.dumps(RESULTS))
+
+
+def handoff(p, d, good, swapped):
+    """Prefill ``good + swapped`` on ``p`` (max_tokens 1), decode them on ``d``: the swapped ones with
+    the ranks' heads deliberately swapped. Returns (tokens, request ids the prefill handed off)."""
+    batch = good + swapped
+    params = p.generate(batch, 1, [{"do_remote_decode": True}] * len(batch))["kv_transfer_params"]
+    assert all(x and x.get("do_remote_prefill") for x in params), params
+    info = params[0]["kvblocks"]
+    assert info["tp_size"] == (2 if p.name == "tp2" else 1) and len(info["rank_ports"]) == info["tp_size"]
+    dec = [dict(x, **({"_test_swap_ranks": True} if i >= len(good) else {})) for i, x in enumerate(params)]
+    return d.generate(batch, MAX_TOKENS, dec, timeout=300)["tokens"], [x["kvblocks"]["request_id"] for x in params]
+
+
+def log_count(e, text):
+    return open(e.log_path).read().count(text)
+
+
+def freed(e, rids):
+    """{request id: seconds its blocks were held} of ``rids`` the prefill ``e`` freed so far."""
+    try:
+        lines = [json.loads(x) for x in open(e.sent)]
+    except OSError:
+        return {}
+    return {x["req"]: x["seconds"] for x in lines if x["req"] in rids}
+
+
+@pytest.mark.parametrize("direction", ["2->1", "1->2"])
+def test_same_tokens_as_one_engine_and_swapped_ranks_change_them(engines, direction):
+    ref, tp2, tp1 = engines
+    p, d, good, swapped = (tp2, tp1, TO1, SWAP1) if direction == "2->1" else (tp1, tp2, TO2, SWAP2)
+    before = log_count(d, "will recompute")
+    t0 = time.monotonic()
+    out, rids = handoff(p, d, good, swapped)
+    took = time.monotonic() - t0
+    same = [out[i] == ref[tuple(pr)] for i, pr in enumerate(good)]
+    differ = [out[len(good) + i] != ref[tuple(pr)] for i, pr in enumerate(swapped)]
+    RESULTS[direction] = {"same": list(zip([len(x) for x in good], same)),
+                          "swapped_differ": list(zip([len(x) for x in swapped], differ)), "seconds": round(took, 1)}
+    assert log_count(d, "will recompute") == before, "a pull failed and vLLM recomputed: the tokens prove nothing"
+    assert all(same), RESULTS[direction]
+    assert all(differ), f"{direction}: swapped ranks did not change the tokens: the test could not fail"
+    # each prefill rank frees its blocks after the "done" of every decode rank that pulled from it (one
+    # each for 2 -> 1, two for 1 -> 2): within seconds, not at the lease; vLLM reports frees when the
+    # prefill steps, so step it
+    wait_until(lambda: p.generate([[1, 2, 3]], 1) and len(freed(p, rids)) == len(rids), 60, step=1)
+    held = freed(p, rids)
+    RESULTS[direction]["held_s_max"] = round(max(held.values(), default=-1), 1)
+    assert len(held) == len(rids) and max(held.values()) < LEASE_S / 2, held
+    assert log_count(p, "KvblocksConnector: refused") == 0, "a decode rank's notice was refused"
