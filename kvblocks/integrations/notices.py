@@ -14,9 +14,10 @@ a decode with more tensor parallelism than the prefill each pull their heads) sa
 overtake the holder's own bookkeeping) waits in a bounded buffer.
 
 Wire: notification name ``kvblocks/notice``, message a JSON object ``{"k": kind, "r": request id,
-"t": ticket, "s": seconds, "n": pullers}`` ("s" only for lease, "n" only when above 1) of at most :data:`MAX_MESSAGE` bytes. Anything else under that name is
-counted and dropped; notifications under other names are not ours and are dropped too (the runtime caps
-its queue at 4096 undelivered notifications per engine, so a flood costs at most that).
+"t": ticket, "s": seconds, "n": pullers}`` ("s" only for lease, "n" only when above 1) of at most
+:data:`MAX_MESSAGE` bytes. Anything else under that name is counted and dropped; notifications under
+other names are not ours and are dropped too (the runtime caps its queue at 4096 undelivered
+notifications per engine, so a flood costs at most that).
 """
 import collections
 import json

@@ -613,7 +613,9 @@ class _WorkerSide:
         self.c = c
         o = c._opts
         role = {"kv_producer": kb.LlmRole.PROMPT, "kv_consumer": kb.LlmRole.DECODER}.get(c._kv_role, kb.LlmRole.MIX)
-        self.rank_id = rank_engine_id(c._engine_id, c._tp, c._rank)
+        # this worker's tensor-parallel rank (the stand-in connectors of the worker tests set none: TP 1)
+        self.tp, self.rank = int(getattr(c, "_tp", 1)), int(getattr(c, "_rank", 0))
+        self.rank_id = rank_engine_id(c._engine_id, self.tp, self.rank)
         self.dd = kb.LlmDataDist(cluster_id_of(self.rank_id), role)
         opts = {kb.OPTION_DEVICE_ID: "0", kb.OPTION_SYNC_CACHE_WAIT_TIME: str(o.pull_timeout_ms),
                 kb.OPTION_TRANSPORT: o.transport}
@@ -621,7 +623,7 @@ class _WorkerSide:
             opts[kb.OPTION_AUTH_TOKEN] = o.auth_token
         if c._is_producer:
             host, port = o.listen  # type: ignore[misc]
-            opts[kb.OPTION_LISTEN_IP_INFO] = "%s:%d" % (host, port + c._rank)
+            opts[kb.OPTION_LISTEN_IP_INFO] = "%s:%d" % (host, port + self.rank)
         self.dd.initialize(opts)
         self.reg: Optional[layouts.Registration] = None
         self.layout: Optional[layouts.Layout] = None
@@ -684,7 +686,7 @@ class _WorkerSide:
         self.layout = lay
         logger.info("KvblocksConnector: registered %d layers x %d blocks of %d bytes (%s, role %s, TP rank %d "
                     "of %d)", lay.num_layers, lay.num_blocks, lay.block_bytes, lay.dtype, self.c._kv_role,
-                    self.c._rank, self.c._tp)
+                    self.rank, self.tp)
 
     # -------------------------------------------------------------- per step
 
@@ -864,7 +866,7 @@ class _WorkerSide:
         if job.push_offset >= 0:
             if self.c._is_producer:  # kv_both: one notice table serves the prefill's holds
                 return self._fail(job, "layer-wise push needs kv_consumer (this instance is kv_both)")
-            if len(job.sources) != 1 or self.c._tp != 1:
+            if len(job.sources) != 1 or self.tp != 1:
                 return self._fail(job, "layer-wise push needs tensor parallelism 1 on both sides")
             return self._start_push_recv(job, job.sources[0][0])
         if all(self.peers.is_up(p) and _cache_key(p.engine_id) in p.caches for p, _ in job.sources):
@@ -890,9 +892,9 @@ class _WorkerSide:
         if len(ports) != their_tp:
             raise ValueError(f"prefill tp_size {their_tp} with {len(ports)} rank ports")
         swap = _test_mode(self.c._opts.test_swap_ranks, job.params, "_test_swap_ranks")
-        ours = self.c._tp
+        ours = self.tp
         if their_tp == ours and not swap:
-            ranks = [layouts.RankSource(self.c._rank, None, 1)]
+            ranks = [layouts.RankSource(self.rank, None, 1)]
         else:
             assert self.layout is not None
             theirs = layouts.Layout.from_dict(info["layout"]) if info.get("layout") else self.layout
@@ -900,7 +902,7 @@ class _WorkerSide:
             if gs is None or gd is None:
                 raise ValueError(f"tensor parallelism: ours {ours}, the prefill's {their_tp}: a head slice needs "
                                  f"both sides to describe their block interior, one of {sorted(layouts.INTERIORS)}")
-            ranks = layouts.tp_sources(their_tp, gs.heads, ours, self.c._rank, gd.heads, swap=swap)
+            ranks = layouts.tp_sources(their_tp, gs.heads, ours, self.rank, gd.heads, swap=swap)
         return [(self.peers.get(rank_engine_id(engine_id, their_tp, rs.rank), host, ports[rs.rank]), rs)
                 for rs in ranks]
 
@@ -951,7 +953,7 @@ class _WorkerSide:
                 if len(src) != len(dst):
                     raise ValueError(f"request {job.req_id}: {len(src)} remote blocks for {len(dst)} local ones")
                 job.bytes += len(src) * self.layout.block_bytes * self.layout.num_layers
-                starts.append(lambda idx=idx: self.dd.pull_kv_blocks_async(idx, self.reg.cache, src, dst))
+                starts.append(lambda idx=idx, cache=self.reg.cache: self.dd.pull_kv_blocks_async(idx, cache, src, dst))
             else:
                 for x in self._plan_transform(job, idx, compat, theirs, rs.head_maps, src, dst):
                     job.bytes += x.bytes
