@@ -53,12 +53,16 @@ def kv_both(port, **extra):
     return {"kv_connector": "TimedKvblocksConnector", "kv_connector_module_path": "timed_connectors",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": dict(listen=f"127.0.0.1:{port}", abort_timeout_s=LEASE_S,
+                                              # generous deadlines: on a loaded 2-core host a TP worker's
+                                              # kvblocks threads wait seconds for a CPU (a missed one
+                                              # recomputes, and the tokens would prove nothing)
+                                              pull_timeout_ms=30000, link_timeout_ms=20000,
                                               _test_swap_ranks="per_request", **extra)}
 
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    """(reference tokens by prompt, TP=2 engine, TP=1 engine, start-up seconds of each)."""
+    """(reference tokens by prompt of the TP=1 and of the TP=2 engine alone, TP=2 engine, TP=1 engine)."""
     d = tmp_path_factory.mktemp("vllm-tp")
     model = make_model(str(d / "model"))
     t0 = time.monotonic()
@@ -73,9 +77,13 @@ def engines(tmp_path_factory):
             e.wait_ready(600)
             started[e.name] = round(time.monotonic() - t0, 1)
         batch = TO1 + TO2 + SWAP1 + SWAP2
+        t1 = time.monotonic()
         ref = {tuple(p): t for p, t in zip(batch, tp1.generate(batch, MAX_TOKENS)["tokens"])}
-        RESULTS["startup_s"] = started
-        yield ref, tp2, tp1
+        t2 = time.monotonic()
+        ref2 = {tuple(p): t for p, t in zip(batch, tp2.generate(batch, MAX_TOKENS, timeout=300)["tokens"])}
+        RESULTS.update(startup_s=started, reference_s={"tp1": round(t2 - t1, 1), "tp2": round(time.monotonic() - t2, 1)},
+                       tp2_alone_equals_tp1=[(len(p), ref[tuple(p)] == ref2[tuple(p)]) for p in batch])
+        yield (ref, ref2), tp2, tp1
     finally:  # both at once: an engine takes seconds to quit
         closers = [threading.Thread(target=e.close) for e in (tp2, tp1)]
         for t in closers:
@@ -112,18 +120,22 @@ def freed(e, rids):
 
 @pytest.mark.parametrize("direction", ["2->1", "1->2"])
 def test_same_tokens_as_one_engine_and_swapped_ranks_change_them(engines, direction):
-    ref, tp2, tp1 = engines
+    (ref, ref2), tp2, tp1 = engines
     p, d, good, swapped = (tp2, tp1, TO1, SWAP1) if direction == "2->1" else (tp1, tp2, TO2, SWAP2)
     before = log_count(d, "will recompute")
     t0 = time.monotonic()
     out, rids = handoff(p, d, good, swapped)
     took = time.monotonic() - t0
+    # bf16 all-reduces round differently from one rank's sums: the TP=1 and TP=2 engines alone may
+    # disagree on a prompt (a 150-token one here); the claim holds where one engine's tokens are defined
+    agreed = [ref[tuple(pr)] == ref2[tuple(pr)] for pr in good]
     same = [out[i] == ref[tuple(pr)] for i, pr in enumerate(good)]
-    differ = [out[len(good) + i] != ref[tuple(pr)] for i, pr in enumerate(swapped)]
-    RESULTS[direction] = {"same": list(zip([len(x) for x in good], same)),
+    differ = [out[len(good) + i] not in (ref[tuple(pr)], ref2[tuple(pr)]) for i, pr in enumerate(swapped)]
+    RESULTS[direction] = {"same": list(zip([len(x) for x in good], same)), "engines_agree": agreed,
                           "swapped_differ": list(zip([len(x) for x in swapped], differ)), "seconds": round(took, 1)}
     assert log_count(d, "will recompute") == before, "a pull failed and vLLM recomputed: the tokens prove nothing"
-    assert all(same), RESULTS[direction]
+    assert sum(agreed) >= 3, f"the TP=1 and TP=2 engines alone disagree on most prompts: {RESULTS}"
+    assert all(s for s, a in zip(same, agreed) if a), RESULTS[direction]
     assert all(differ), f"{direction}: swapped ranks did not change the tokens: the test could not fail"
     # each prefill rank frees its blocks after the "done" of every decode rank that pulled from it (one
     # each for 2 -> 1, two for 1 -> 2): within seconds, not at the lease; vLLM reports frees when the
