@@ -64,7 +64,9 @@ def kv_both(port, **extra):
 def engines(tmp_path_factory):
     """(reference tokens by prompt of the TP=1 and of the TP=2 engine alone, TP=2 engine, TP=1 engine)."""
     d = tmp_path_factory.mktemp("vllm-tp")
+    t0 = time.monotonic()
     model = make_model(str(d / "model"))
+    RESULTS["model_s"] = round(time.monotonic() - t0, 1)
     t0 = time.monotonic()
     tp2 = Engine("tp2", model, kv_both(free_port(2)), "0|1", log_dir=str(d), tp=2, prefix_caching=False,
                  env={"KVB_SEND_FILE": str(d / "sent-tp2.jsonl")})
@@ -132,6 +134,7 @@ def test_same_tokens_as_one_engine_and_swapped_ranks_change_them(engines, direct
     same = [out[i] == ref[tuple(pr)] for i, pr in enumerate(good)]
     differ = [out[len(good) + i] not in (ref[tuple(pr)], ref2[tuple(pr)]) for i, pr in enumerate(swapped)]
     RESULTS[direction] = {"same": list(zip([len(x) for x in good], same)), "engines_agree": agreed,
+                          "same_as_tp2": [out[i] == ref2[tuple(pr)] for i, pr in enumerate(good)],
                           "swapped_differ": list(zip([len(x) for x in swapped], differ)), "seconds": round(took, 1)}
     assert log_count(d, "will recompute") == before, "a pull failed and vLLM recomputed: the tokens prove nothing"
     assert sum(agreed) >= 3, f"the TP=1 and TP=2 engines alone disagree on most prompts: {RESULTS}"
