@@ -888,7 +888,10 @@ class _WorkerSide:
         their_tp = int(info.get("tp_size", 1))
         if not 0 < their_tp <= notices.MAX_PULLERS:
             raise ValueError(f"prefill tp_size {their_tp} outside 1..{notices.MAX_PULLERS}")
-        ports = [int(x) for x in info.get("rank_ports") or [port]]
+        listed = info.get("rank_ports") or [port]
+        if not isinstance(listed, list):
+            raise ValueError(f"prefill rank_ports must be a list, got {type(listed).__name__}")
+        ports = [int(x) for x in listed]
         if len(ports) != their_tp:
             raise ValueError(f"prefill tp_size {their_tp} with {len(ports)} rank ports")
         swap = _test_mode(self.c._opts.test_swap_ranks, job.params, "_test_swap_ranks")

@@ -49,6 +49,117 @@ TO1, TO2 = prompts(201, LENGTHS), prompts(202, LENGTHS)  # prefill TP=2 -> decod
 SWAP1, SWAP2 = prompts(203, [100, 150]), prompts(204, [100, 150])  # the same, ranks' heads swapped
 
 
+# ---------------------------------------------------------------- worker side, no vLLM engine (seconds)
+# The connector's worker (its kvblocks engine, registration, pulls, notices) per TP rank, over real
+# links with real torch KV tensors in vLLM's CPU layout; only the connector object around each worker is
+# a stand-in (parsed options, ids, TP size and rank).
+
+HEADS, BS, DIM, NB = 2, 32, 32, 8  # the tiny model: 2 KV heads of 32; blocks of 32 tokens
+
+
+def tp_worker(role, engine_id, tp, rank, port=0, **extra):
+    import torch
+
+    from kvblocks.integrations import layouts
+    from kvblocks.vllm.connector import _Options, _WorkerSide
+    h = HEADS // tp
+    lay = layouts.Layout(2, NB, h * 2 * BS * DIM * 2, "bfloat16", (h, 2, BS, DIM), BS,
+                         (("interior", "vllm-cpu"), ("spec", "FullAttentionSpec")))
+    cfg = dict(extra, pull_timeout_ms=10000, link_timeout_ms=10000)
+    if role == "kv_producer":
+        cfg["listen"] = f"127.0.0.1:{port}"
+    from types import SimpleNamespace
+    c = SimpleNamespace(_opts=_Options.parse(cfg), _engine_id=engine_id, _kv_role=role, _tp=tp, _rank=rank,
+                        _is_producer=role == "kv_producer", _is_consumer=role == "kv_consumer", _layout=lay)
+    w = _WorkerSide(c)  # type: ignore[arg-type]
+    gen = torch.Generator().manual_seed(1000 * rank + len(engine_id))
+    w.kv = [torch.randn((NB, h, BS, 2 * DIM), generator=gen).to(torch.bfloat16) for _ in range(2)]
+    w.register({f"model.layers.{i}.self_attn.attn": t for i, t in enumerate(w.kv)})
+    return w
+
+
+def hand_off(prefills, rid, blocks, port, tp):
+    """The prefill scheduler's params (as request_finished makes them) and every prefill rank's hold."""
+    from kvblocks.integrations import notices
+    from kvblocks.vllm.connector import PARAMS_KEY, KvblocksConnectorMetadata
+    ticket = notices.new_ticket()
+    for p in prefills:
+        p.start(KvblocksConnectorMetadata(reqs_to_send={rid: (60.0, ticket)}))
+    return {"do_remote_prefill": True, PARAMS_KEY: {
+        "engine_id": prefills[0].c._engine_id, "request_id": rid, "host": "127.0.0.1", "port": port,
+        "tp_size": tp, "rank_ports": [port + r for r in range(tp)], "block_ids": blocks,
+        "num_tokens": BS * len(blocks), "layout": prefills[0].layout.to_dict(), "ticket": ticket}}
+
+
+def pull(d, rid, params, dst, src, **extra):
+    from kvblocks.vllm.connector import KvblocksConnectorMetadata, _RecvJob
+    d.start(KvblocksConnectorMetadata(reqs_to_recv={rid: _RecvJob(rid, dst, src, dict(params, **extra),
+                                                                   num_tokens=BS * len(src))}))
+
+
+def step(ws, rid, which, timeout=15.0):
+    """Step workers until each reported ``rid`` (which 0: sent, 1: received); True when all did."""
+    got = [False] * len(ws)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and not all(got):
+        for i, w in enumerate(ws):
+            got[i] = got[i] or rid in w.finished()[which]
+        time.sleep(0.005)
+    return all(got)
+
+
+def test_worker_decode_tp1_pulls_one_head_from_each_of_two_prefill_ranks():
+    """Prefill TP=2 (ranks in their own kvblocks engines, ports p and p + 1) -> decode TP=1: head r of
+    each block comes from prefill rank r; each rank frees after the one done; swapped ranks land each
+    head in the other's place."""
+    import torch
+    port = free_port(2)
+    ps = [tp_worker("kv_producer", "pf", 2, r, port) for r in range(2)]
+    d = tp_worker("kv_consumer", "dc", 1, 0)
+    try:
+        for rid, swap in (("r1", False), ("r2", True)):
+            params = hand_off(ps, rid, [3, 5], port, 2)
+            pull(d, rid, params, [1, 2], [3, 5], **({"_test_swap_ranks": True} if swap else {}))
+            d.c._opts.test_swap_ranks = "per_request"
+            assert step([d], rid, 1) and d.take_load_errors() == set()
+            for layer in range(2):
+                for h in range(2):
+                    src = ps[1 - h if swap else h].kv[layer][[3, 5], 0]
+                    assert torch.equal(d.kv[layer][[1, 2], h], src), (rid, layer, h)
+            assert step(ps, rid, 0)  # both ranks freed by the decode's done (the lease is 60 s)
+    finally:
+        for w in [d] + ps:
+            w.shutdown()
+
+
+def test_worker_decode_tp2_ranks_pull_their_head_and_the_prefill_frees_after_both():
+    """Prefill TP=1 -> decode TP=2: rank r pulls head r; the prefill keeps the blocks after rank 0's
+    done (one of two) and frees them after rank 1's."""
+    import torch
+    port = free_port()
+    p = tp_worker("kv_producer", "pf", 1, 0, port)
+    ds = [tp_worker("kv_consumer", "dc", 2, r) for r in range(2)]
+    try:
+        params = hand_off([p], "r1", [4, 6], port, 1)
+        pull(ds[0], "r1", params, [2, 3], [4, 6])
+        assert step([ds[0]], "r1", 1)
+        assert not step([p], "r1", 0, timeout=1.0), "freed after one of two decode ranks' done"
+        pull(ds[1], "r1", params, [2, 3], [4, 6])
+        assert step([ds[1]], "r1", 1)
+        assert step([p], "r1", 0)
+        for r, d in enumerate(ds):
+            assert d.take_load_errors() == set()
+            for layer in range(2):
+                assert torch.equal(d.kv[layer][[2, 3], 0], p.kv[layer][[4, 6], r]), (r, layer)
+        assert p.holder.stats.refused == {}
+    finally:
+        for w in ds + [p]:
+            w.shutdown()
+
+
+# ---------------------------------------------------------------- real vLLM engines (minutes)
+
+
 def kv_both(port, **extra):
     return {"kv_connector": "TimedKvblocksConnector", "kv_connector_module_path": "timed_connectors",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
