@@ -57,13 +57,13 @@ SWAP1, SWAP2 = prompts(203, [100, 150]), prompts(204, [100, 150])  # the same, r
 HEADS, BS, DIM, NB = 2, 32, 32, 8  # the tiny model: 2 KV heads of 32; blocks of 32 tokens
 
 
-def tp_worker(role, engine_id, tp, rank, port=0, **extra):
+def tp_worker(role, engine_id, tp, rank, port=0, bs=BS, **extra):
     import torch
 
     from kvblocks.integrations import layouts
     from kvblocks.vllm.connector import _Options, _WorkerSide
     h = HEADS // tp
-    lay = layouts.Layout(2, NB, h * 2 * BS * DIM * 2, "bfloat16", (h, 2, BS, DIM), BS,
+    lay = layouts.Layout(2, NB, h * 2 * bs * DIM * 2, "bfloat16", (h, 2, bs, DIM), bs,
                          (("interior", "vllm-cpu"), ("spec", "FullAttentionSpec")))
     cfg = dict(extra, pull_timeout_ms=10000, link_timeout_ms=10000)
     if role == "kv_producer":
@@ -73,7 +73,7 @@ def tp_worker(role, engine_id, tp, rank, port=0, **extra):
                         _is_producer=role == "kv_producer", _is_consumer=role == "kv_consumer", _layout=lay)
     w = _WorkerSide(c)  # type: ignore[arg-type]
     gen = torch.Generator().manual_seed(1000 * rank + len(engine_id))
-    w.kv = [torch.randn((NB, h, BS, 2 * DIM), generator=gen).to(torch.bfloat16) for _ in range(2)]
+    w.kv = [torch.randn((NB, h, bs, 2 * DIM), generator=gen).to(torch.bfloat16) for _ in range(2)]
     w.register({f"model.layers.{i}.self_attn.attn": t for i, t in enumerate(w.kv)})
     return w
 
@@ -93,8 +93,22 @@ def hand_off(prefills, rid, blocks, port, tp):
 
 def pull(d, rid, params, dst, src, **extra):
     from kvblocks.vllm.connector import KvblocksConnectorMetadata, _RecvJob
+    n = params["kvblocks"]["num_tokens"]
     d.start(KvblocksConnectorMetadata(reqs_to_recv={rid: _RecvJob(rid, dst, src, dict(params, **extra),
-                                                                   num_tokens=BS * len(src))}))
+                                                                   num_tokens=n)}))
+
+
+def tokens(w, layer, blocks, h):
+    """(K [head_size, tokens], V [tokens, head_size]) of head ``h`` over ``blocks``, as vLLM's CPU layout
+    holds them: per head of a block, K as [head_size, block_size], then V as [block_size, head_size]."""
+    import torch
+    ks, vs = [], []
+    for b in blocks:
+        flat = w.kv[layer][b, h].reshape(-1)
+        bs = w.layout.block_size
+        ks.append(flat[:DIM * bs].view(DIM, bs))
+        vs.append(flat[DIM * bs:].view(bs, DIM))
+    return torch.cat(ks, 1), torch.cat(vs, 0)
 
 
 def step(ws, rid, which, timeout=15.0):
@@ -127,6 +141,27 @@ def test_worker_decode_tp1_pulls_one_head_from_each_of_two_prefill_ranks():
                     src = ps[1 - h if swap else h].kv[layer][[3, 5], 0]
                     assert torch.equal(d.kv[layer][[1, 2], h], src), (rid, layer, h)
             assert step(ps, rid, 0)  # both ranks freed by the decode's done (the lease is 60 s)
+    finally:
+        for w in [d] + ps:
+            w.shutdown()
+
+
+def test_worker_tp_and_block_size_differ_at_once():
+    """Prefill TP=2 with 32-token blocks -> decode TP=1 with 64-token blocks: two head slices, each
+    two source blocks per destination block, token for token."""
+    import torch
+    port = free_port(2)
+    ps = [tp_worker("kv_producer", "pf", 2, r, port) for r in range(2)]
+    d = tp_worker("kv_consumer", "dc", 1, 0, bs=64)
+    try:
+        params = hand_off(ps, "r1", [3, 5, 1, 6], port, 2)
+        pull(d, "r1", params, [2, 4], [3, 5, 1, 6])
+        assert step([d], "r1", 1) and d.take_load_errors() == set()
+        for layer in range(2):
+            for h in range(2):
+                got, want = tokens(d, layer, [2, 4], h), tokens(ps[h], layer, [3, 5, 1, 6], 0)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (layer, h)
+        assert step(ps, "r1", 0)
     finally:
         for w in [d] + ps:
             w.shutdown()
