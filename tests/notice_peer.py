@@ -39,7 +39,8 @@ def main() -> int:
             if cmd["op"] == "exit":
                 break
             if cmd["op"] == "send":
-                notices.send(dd, args.holder, cmd["kind"], cmd["rid"], cmd["ticket"], cmd.get("seconds", 0.0))
+                notices.send(dd, args.holder, cmd["kind"], cmd["rid"], cmd["ticket"], cmd.get("seconds", 0.0),
+                             pullers=cmd.get("pullers", 1))
                 reply({"ok": True})
             elif cmd["op"] == "raw":
                 dd.send_notify(args.holder, cmd["name"], cmd["message"])

@@ -323,3 +323,25 @@ def test_plan_refuses_ranges_outside_the_lists():
     with pytest.raises(ValueError, match="a sink block is needed"):
         layouts.plan(g32, g16, [0], [0], 0, 10)  # 32 source tokens, one 16-token destination block
     assert len(layouts.plan(g16, g32, [0, 1, 2, 3], [5, 6], 0, 64)) == 4  # K and V of 2 heads, no sink
+
+
+def test_tp_sources_split_heads_between_ranks():
+    """Which prefill ranks a decode rank pulls from, which heads, and how many decode ranks pull from
+    each prefill rank (its done count); swap (the negative control) mirrors the ranks."""
+    RS = layouts.RankSource
+    assert layouts.tp_sources(1, 2, 1, 0, 2) == [RS(0, None, 1)]
+    assert layouts.tp_sources(2, 1, 2, 1, 1) == [RS(1, None, 1)]
+    # decode TP=1 from prefill TP=2: head 0 of rank 0 -> head 0, head 0 of rank 1 -> head 1, one puller each
+    assert layouts.tp_sources(2, 1, 1, 0, 2) == [RS(0, ((0, 0, 1),), 1), RS(1, ((0, 1, 1),), 1)]
+    assert layouts.tp_sources(2, 1, 1, 0, 2, swap=True) == [RS(1, ((0, 0, 1),), 1), RS(0, ((0, 1, 1),), 1)]
+    # decode TP=2 from prefill TP=1: rank 1 takes head 1 into its head 0; two decode ranks pull from rank 0
+    assert layouts.tp_sources(1, 2, 2, 1, 1) == [RS(0, ((1, 0, 1),), 2)]
+    assert layouts.tp_sources(1, 2, 2, 1, 1, swap=True) == [RS(0, ((0, 0, 1),), 2)]
+    # TP 4 -> 2 (8 heads): decode rank 1 holds heads 4..7 = prefill ranks 2 and 3
+    assert layouts.tp_sources(4, 2, 2, 1, 4) == [RS(2, ((0, 0, 2),), 1), RS(3, ((0, 2, 2),), 1)]
+    # TP 2 -> 4: decode rank 3 holds heads 6, 7 = prefill rank 1's heads 2, 3
+    assert layouts.tp_sources(2, 4, 4, 3, 2) == [RS(1, ((2, 0, 2),), 2)]
+    with pytest.raises(ValueError, match="replicated KV heads"):
+        layouts.tp_sources(4, 1, 1, 0, 2)  # 4 ranks x 1 head (replicated) against 2 heads
+    with pytest.raises(ValueError, match="positive"):
+        layouts.tp_sources(2, 1, 1, 1, 2)

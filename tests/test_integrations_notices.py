@@ -226,3 +226,47 @@ def test_reservations_are_taken_only_from_the_named_engine_and_bounded(w):
     for i in range(20):
         res.add(notices.Notice(X, "reserve", f"f{i}", t, 0.0, (1,), 0))
     assert len(res) == 8
+
+
+def test_a_request_handed_to_two_pullers_is_freed_after_both_over_real_links(w):
+    """Unequal tensor parallelism: two decode ranks (D here, X in its own process) pull one prefill
+    rank's blocks and each say done with pullers=2; the first done frees nothing, the second does. A
+    third sender is refused once two are bound, a second done from the same one too, and a notice whose
+    pullers count differs from the first's."""
+    t = notices.new_ticket()
+    w.holder.hold("req-tp", t, lease_s=60)
+    notices.send(w.d, H, "done", "req-tp", t, pullers=2)
+    assert [why for _, why in w.poll_until(lambda g: g)] == [None]
+    assert w.holder.finished() == (set(), set())  # one of two: still held
+    notices.send(w.d, H, "done", "req-tp", t, pullers=2)
+    assert [why for _, why in w.poll_until(lambda g: g)] == ["this engine already said done"]
+    x = w.third()
+    assert x.call(op="send", kind="done", rid="req-tp", ticket=t, pullers=3) == {"ok": True}
+    assert [why for _, why in w.poll_until(lambda g: g)] == ["pullers count differs from the first notice's"]
+    assert x.call(op="send", kind="done", rid="req-tp", ticket=t, pullers=2) == {"ok": True}
+    assert [why for _, why in w.poll_until(lambda g: g)] == [None]
+    assert w.holder.owners("req-tp") == [D, X]
+    assert w.holder.finished() == ({"req-tp"}, set())
+    assert w.holder.released_by("req-tp") == "done"
+
+
+def test_pullers_bind_at_most_their_count_and_one_abort_makes_it_an_abort():
+    h = Holder()
+    t = notices.new_ticket()
+    h.hold("r", t, lease_s=60, now=0)
+    assert h.accept(notices.Notice(D, "done", "r", t, pullers=2), now=1) is None
+    assert h.accept(notices.Notice(X, "abort", "r", t, pullers=2), now=1) is None
+    assert h.finished(now=2) == ({"r"}, set()) and h.released_by("r") == "abort"
+    h.hold("s", t, lease_s=60, now=0)
+    assert h.accept(notices.Notice(D, "lease", "s", t, 30, pullers=2), now=1) is None
+    assert h.accept(notices.Notice(X, "lease", "s", t, 30, pullers=2), now=1) is None
+    assert h.accept(notices.Notice(H, "done", "s", t, pullers=2), now=1) == "request handed to another engine"
+    assert h.finished(now=2) == (set(), set())
+    with pytest.raises(ValueError):
+        notices.encode("done", "r", t, pullers=0)
+    with pytest.raises(ValueError):
+        notices.encode("done", "r", t, pullers=notices.MAX_PULLERS + 1)
+    assert '"n"' not in notices.encode("done", "r", t)  # one puller: the wire of earlier versions
+    assert notices.decode(7, notices.NAME, notices.encode("done", "r", t, pullers=2)).pullers == 2
+    with pytest.raises(ValueError, match="bad pullers count"):
+        notices.decode(7, notices.NAME, '{"k":"done","r":"r","t":"%s","n":0}' % t)

@@ -358,3 +358,50 @@ def plan(src: KvGeometry, dst: KvGeometry, src_blocks: Sequence[int], dst_blocks
                              (2 * hd * dim, (2 * hd + 1) * dim)))
             out.append(Piece(sb, tuple(db), v_s, v_d, (2 * hs + 1, 2 * hs + 2), (2 * hd + 1, 2 * hd + 2)))
     return out
+
+
+# ------------------------------------------------------------------ unequal tensor parallelism
+
+
+@dataclass(frozen=True)
+class RankSource:
+    """What one destination rank takes from one source rank: the source rank, the head maps (source
+    rank's heads -> destination rank's heads; None: all heads, as they are) and how many destination
+    ranks pull from that source rank (it frees a request's blocks after that many say done)."""
+
+    rank: int
+    head_maps: Optional[Tuple[HeadMap, ...]]
+    pullers: int
+
+
+def tp_sources(src_tp: int, src_heads: int, dst_tp: int, dst_rank: int, dst_heads: int,
+               swap: bool = False) -> List[RankSource]:
+    """The source ranks whose KV heads destination rank ``dst_rank`` holds, when KV heads are split
+    evenly over the ranks of each side (rank r of a side with h heads per rank holds heads ``[r h,
+    (r + 1) h)`` of the model): decode TP=1 takes heads [0, h/2) from prefill rank 0 and [h/2, h) from
+    rank 1; decode TP=2 rank r takes its half from a TP=1 prefill. Equal TP: rank r from rank r, all
+    heads. ``swap`` (tests only) mirrors the rank order of the side with more ranks: a deliberately
+    wrong mapping. Raises ValueError when the two sides do not hold the same number of KV heads (vLLM
+    replicates KV heads over ranks when TP exceeds them: not supported) or the sizes are not positive."""
+    if min(src_tp, src_heads, dst_tp, dst_heads) <= 0 or not 0 <= dst_rank < dst_tp:
+        raise ValueError(f"tensor parallelism {src_tp} x {src_heads} heads -> {dst_tp} x {dst_heads}, rank "
+                         f"{dst_rank}: sizes must be positive and the rank below its TP size")
+    total = src_tp * src_heads
+    if total != dst_tp * dst_heads:
+        raise ValueError(f"kv heads: ours {dst_heads} per rank x TP {dst_tp}, theirs {src_heads} x TP {src_tp}: "
+                         "both sides must split the same KV heads (replicated KV heads are not supported)")
+    if src_tp == dst_tp and not swap:
+        return [RankSource(dst_rank, None, 1)]
+    if swap and dst_tp > 1:
+        dst_rank = dst_tp - 1 - dst_rank
+    out = []
+    d0, d1 = dst_rank * dst_heads, (dst_rank + 1) * dst_heads
+    for r in range(src_tp):
+        s0, s1 = r * src_heads, (r + 1) * src_heads
+        lo, hi = max(s0, d0), min(s1, d1)
+        if lo >= hi:
+            continue
+        pullers = sum(1 for q in range(dst_tp) if max(s0, q * dst_heads) < min(s1, (q + 1) * dst_heads))
+        rank = src_tp - 1 - r if swap and dst_tp == 1 else r
+        out.append(RankSource(rank, ((lo - s0, lo - d0, hi - lo),), pullers))
+    return out

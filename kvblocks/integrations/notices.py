@@ -7,13 +7,17 @@ them when that engine says ``done`` (it pulled them) or ``abort`` (it gave up), 
 its **ticket**: a random 128-bit value the holder puts in the hand-off params (which travel through the
 client to one engine only) and the notice must repeat. The first notice with the right ticket binds the
 request to the notice's sender (the link's cluster id, authenticated by the link); from then on notices
-for it from any other cluster are refused, ticket or not. A notice that comes before the holder's
-``hold`` (the params can overtake the holder's own bookkeeping) waits in a bounded buffer.
+for it from any other cluster are refused, ticket or not. A request handed to *n* pullers (the ranks of
+a decode with more tensor parallelism than the prefill each pull their heads) says so in every notice
+(``"n"``): the first *n* senders with the ticket bind it, and it is released once each said ``done`` or
+``abort`` (``done`` only if all did). A notice that comes before the holder's ``hold`` (the params can
+overtake the holder's own bookkeeping) waits in a bounded buffer.
 
 Wire: notification name ``kvblocks/notice``, message a JSON object ``{"k": kind, "r": request id,
-"t": ticket, "s": seconds}`` of at most :data:`MAX_MESSAGE` bytes. Anything else under that name is
-counted and dropped; notifications under other names are not ours and are dropped too (the runtime caps
-its queue at 4096 undelivered notifications per engine, so a flood costs at most that).
+"t": ticket, "s": seconds, "n": pullers}`` ("s" only for lease, "n" only when above 1) of at most
+:data:`MAX_MESSAGE` bytes. Anything else under that name is counted and dropped; notifications under
+other names are not ours and are dropped too (the runtime caps its queue at 4096 undelivered
+notifications per engine, so a flood costs at most that).
 """
 import collections
 import json
@@ -31,17 +35,22 @@ MAX_RESERVE_MESSAGE = 1024  # the runtime's limit: about 140 block ids
 MAX_BLOCK_ID = 1 << 31
 MAX_ID = 256  # request ids (vLLM's are ~50 characters)
 TICKET_HEX = 32
+MAX_PULLERS = 64  # engines (tensor-parallel ranks) one request may be handed to
 
 
 def new_ticket() -> str:
     return secrets.token_hex(TICKET_HEX // 2)
 
 
-def encode(kind: str, rid: str, ticket: str, seconds: float = 0.0) -> str:
+def encode(kind: str, rid: str, ticket: str, seconds: float = 0.0, pullers: int = 1) -> str:
+    """One notice; ``pullers``: how many engines the request was handed to (each sends its own).
+    Raises ValueError for an unknown kind, a pullers count outside 1..MAX_PULLERS or a notice too long."""
     if kind not in KINDS:
         raise ValueError(f"notice kind must be one of {KINDS}, got {kind!r}")
-    return _dump({"k": kind, "r": rid, "t": ticket, **({"s": float(seconds)} if kind == "lease" else {})},
-                 MAX_MESSAGE)
+    if type(pullers) is not int or not 0 < pullers <= MAX_PULLERS:
+        raise ValueError(f"pullers must be 1..{MAX_PULLERS}, got {pullers!r}")
+    return _dump({"k": kind, "r": rid, "t": ticket, **({"s": float(seconds)} if kind == "lease" else {}),
+                  **({"n": pullers} if pullers > 1 else {})}, MAX_MESSAGE)
 
 
 def encode_reserve(xfer: str, ticket: str, blocks: List[int], offset: int) -> str:
@@ -66,6 +75,7 @@ class Notice:
     seconds: float = 0.0
     blocks: Tuple[int, ...] = ()  # reserve only
     offset: int = 0  # reserve only
+    pullers: int = 1  # engines the request was handed to (done, abort, lease)
 
 
 def decode(sender: int, name: str, message: str) -> Notice:
@@ -79,8 +89,8 @@ def decode(sender: int, name: str, message: str) -> Notice:
         obj = json.loads(message)
     except (ValueError, RecursionError):
         raise ValueError("notice is not JSON") from None
-    if not isinstance(obj, dict) or not set(obj) <= {"k", "r", "t", "s", "b", "o"}:
-        raise ValueError("notice is not an object of k, r, t, s, b, o")
+    if not isinstance(obj, dict) or not set(obj) <= {"k", "r", "t", "s", "b", "o", "n"}:
+        raise ValueError("notice is not an object of k, r, t, s, b, o, n")
     kind, rid, ticket, secs = obj.get("k"), obj.get("r"), obj.get("t"), obj.get("s", 0.0)
     if kind == RESERVE:
         blocks, offset = obj.get("b"), obj.get("o")
@@ -95,6 +105,9 @@ def decode(sender: int, name: str, message: str) -> Notice:
         return Notice(sender, RESERVE, rid, ticket, 0.0, tuple(blocks), offset)
     if kind not in KINDS or "b" in obj or "o" in obj:
         raise ValueError("unknown notice kind")
+    pullers = obj.get("n", 1)
+    if type(pullers) is not int or not 0 < pullers <= MAX_PULLERS:
+        raise ValueError("bad pullers count")
     if size > MAX_MESSAGE:
         raise ValueError(f"notice longer than {MAX_MESSAGE} bytes")
     if not isinstance(rid, str) or not 0 < len(rid) <= MAX_ID:
@@ -103,16 +116,18 @@ def decode(sender: int, name: str, message: str) -> Notice:
         raise ValueError("bad ticket")
     if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not 0 <= secs <= 1e6:
         raise ValueError("bad lease seconds")
-    return Notice(sender, kind, rid, ticket, float(secs))
+    return Notice(sender, kind, rid, ticket, float(secs), pullers=pullers)
 
 
 @dataclass
 class _Held:
     ticket: str
     deadline: float
-    owner: Optional[int] = None  # cluster id bound by the first notice with the right ticket
+    owners: List[int] = field(default_factory=list)  # cluster ids bound by the first notices with the ticket
+    pullers: int = 0  # how many engines the request was handed to (0: no notice yet)
+    ended: Dict[int, str] = field(default_factory=dict)  # owner -> its done or abort
     released: bool = False
-    kind: str = ""  # the notice that released it: done or abort
+    kind: str = ""  # what released it: done (every puller said done) or abort
     renewals: int = 0
 
 
@@ -166,20 +181,29 @@ class Holder:
             return self._apply(h, n, now)
 
     def _apply(self, h: _Held, n: Notice, now: float) -> Optional[str]:
-        if h.owner is not None and h.owner != n.sender:
+        if h.pullers and n.pullers != h.pullers:
+            return self._refuse("pullers count differs from the first notice's")
+        if n.sender not in h.owners and len(h.owners) >= (h.pullers or n.pullers):
             return self._refuse("request handed to another engine")
         if not _same(h.ticket, n.ticket):
             return self._refuse("wrong ticket")
         if h.released:
             return self._refuse("request already released")
-        h.owner = n.sender
+        if n.sender in h.ended:
+            return self._refuse("this engine already said " + h.ended[n.sender])
+        if n.sender not in h.owners:
+            h.owners.append(n.sender)
+        h.pullers = n.pullers
         if n.kind == "lease":
             if h.renewals >= self.max_renewals:
                 return self._refuse("too many lease renewals")
             h.renewals += 1
             h.deadline = max(h.deadline, now + min(n.seconds, self.max_lease_s))
         else:
-            h.released, h.kind = True, n.kind
+            h.ended[n.sender] = n.kind
+            if len(h.ended) == h.pullers:  # the last puller: free the blocks
+                h.released = True
+                h.kind = "done" if all(k == "done" for k in h.ended.values()) else "abort"
         self.stats.accepted[n.kind] += 1
         return None
 
@@ -237,9 +261,16 @@ class Holder:
             return self._released_by.get(rid)
 
     def owner(self, rid: str) -> Optional[int]:
+        """The cluster id the request is bound to (its first puller's); None before any notice."""
         with self._lock:
             h = self._held.get(rid)
-            return h.owner if h else None
+            return h.owners[0] if h and h.owners else None
+
+    def owners(self, rid: str) -> List[int]:
+        """Every cluster id the request is bound to (one per puller that sent a notice so far)."""
+        with self._lock:
+            h = self._held.get(rid)
+            return list(h.owners) if h else []
 
     def __len__(self) -> int:
         with self._lock:
@@ -334,6 +365,8 @@ def send_reserve(dd, cluster_id: int, xfer: str, ticket: str, blocks: List[int],
 
 
 def send(dd, cluster_id: int, kind: str, rid: str, ticket: str, seconds: float = 0.0,
-         timeout_ms: int = 1000) -> None:
-    """Send one notice on the link to ``cluster_id`` (returns once the peer queued it)."""
-    dd.send_notify(cluster_id, NAME, encode(kind, rid, ticket, seconds), timeout_ms)
+         timeout_ms: int = 1000, pullers: int = 1) -> None:
+    """Send one notice on the link to ``cluster_id`` (returns once the peer queued it); ``pullers``: how
+    many engines pull the request from that holder (each sends its own done). Raises what ``encode`` and
+    ``send_notify`` raise."""
+    dd.send_notify(cluster_id, NAME, encode(kind, rid, ticket, seconds, pullers), timeout_ms)

@@ -31,9 +31,17 @@ Layer-wise push (per request, ``"mode": "push"`` in the params, see the README):
 first, reserves its blocks and tells the prefill which (a ``reserve`` notice); the prefill pushes each
 layer into them as :meth:`save_kv_layer` reports it computed, waits in :meth:`wait_for_save` and says done.
 
-The KV cache must be host memory (vLLM's CPU backend): kvblocks moves host memory. Tensor parallelism 1.
+The KV cache must be host memory (vLLM's CPU backend): kvblocks moves host memory.
 A prefill and a decode with different block sizes work (pull): the pull is then kvblocks' layout transform
 (:func:`kvblocks.integrations.layouts.plan`), checked by :func:`kvblocks.integrations.layouts.compatible`.
+
+Tensor parallelism: every TP rank's worker has its own kvblocks engine (cluster id and cache key from
+:func:`rank_engine_id`), listening on the ``listen`` port + rank; the params carry the prefill's
+``tp_size`` and ``rank_ports``. A decode rank pulls from the prefill rank(s) holding its KV heads
+(:func:`kvblocks.integrations.layouts.tp_sources`; a head slice when the TP sizes differ, one pull per
+prefill rank) and tells each ``done`` with the number of decode ranks pulling from it, which frees the
+blocks after that many. Pull only (layer-wise push needs TP 1 on both sides); KV heads split evenly on
+both sides (no replicated KV heads).
 
 Options (``kv_connector_extra_config``):
 
@@ -55,7 +63,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -102,11 +110,12 @@ class _Options:
     abort_timeout_s: float
     test_reverse_blocks: str  # "off", "all", "per_request"
     test_rotate_heads: str  # "off", "all", "per_request" (transformed pulls only)
+    test_swap_ranks: str  # "off", "all", "per_request" (unequal tensor parallelism only)
 
     @classmethod
     def parse(cls, extra: Dict[str, Any]) -> "_Options":
         known = {"listen", "advertise_host", "transport", "auth_token", "pull_timeout_ms", "link_timeout_ms",
-                 "abort_timeout_s", "_test_reverse_blocks", "_test_rotate_heads"}
+                 "abort_timeout_s", "_test_reverse_blocks", "_test_rotate_heads", "_test_swap_ranks"}
         unknown = set(extra) - known
         if unknown:
             raise ValueError(f"KvblocksConnector: unknown kv_connector_extra_config keys {sorted(unknown)}; "
@@ -130,6 +139,7 @@ class _Options:
             abort_timeout_s=float(extra.get("abort_timeout_s", 120)),
             test_reverse_blocks=_reverse_mode(extra.get("_test_reverse_blocks", False)),
             test_rotate_heads=_reverse_mode(extra.get("_test_rotate_heads", False)),
+            test_swap_ranks=_reverse_mode(extra.get("_test_swap_ranks", False)),
         )
 
 
@@ -206,6 +216,9 @@ class _RecvJob:
     dst_token0: int = 0
     num_tokens: int = 0
     bytes: int = 0  # what the pull moves (stats)
+    # the prefill ranks this worker pulls from (one, unless the tensor parallelism differs), each with
+    # the heads it takes there (set by the worker)
+    sources: List[Tuple[Peer, layouts.RankSource]] = field(default_factory=list)
 
 
 @dataclass
@@ -241,6 +254,18 @@ class KvblocksConnectorMetadata(KVConnectorMetadata):
     reqs_to_push: Dict[str, _PushJob] = field(default_factory=dict)
 
 
+def _tp_rank() -> int:
+    """This worker's tensor-parallel rank (vLLM sets its groups up before the KV connector)."""
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+    return int(get_tensor_model_parallel_rank())
+
+
+def rank_engine_id(engine_id: str, tp: int, rank: int) -> str:
+    """The id of tensor-parallel rank ``rank``'s kvblocks engine (its cluster id and cache key derive
+    from it): the engine id itself for rank 0 (and TP 1), ``ENGINE_ID#tpR`` for the others."""
+    return engine_id if rank == 0 else f"{engine_id}#tp{rank}"
+
+
 def _allow_amx() -> None:
     """Asks Linux for the AMX tile state in this worker, where the CPU has it. vLLM's CPU attention
     runs AMX instructions (bf16, block size 32) without asking; a decode worker whose first forward
@@ -274,9 +299,13 @@ class KvblocksConnector(KVConnectorBase_V1):
             raise ValueError("KvblocksConnector: kv_role %r needs kv_connector_extra_config['listen'] = 'ip:port' "
                              "(the kvblocks listener decode instances link to)" % self._kv_role)
         pc = vllm_config.parallel_config
-        if pc.tensor_parallel_size != 1 or pc.pipeline_parallel_size != 1:
-            raise NotImplementedError("KvblocksConnector supports tensor_parallel_size=1 and "
-                                      "pipeline_parallel_size=1 only")
+        if pc.pipeline_parallel_size != 1:
+            raise NotImplementedError("KvblocksConnector supports pipeline_parallel_size=1 only")
+        self._tp = int(pc.tensor_parallel_size)
+        if not 0 < self._tp <= notices.MAX_PULLERS:
+            raise NotImplementedError(f"KvblocksConnector supports tensor_parallel_size 1..{notices.MAX_PULLERS}")
+        # each tensor-parallel rank's worker has its own kvblocks engine, listener (port + rank) and cache
+        self._rank = _tp_rank() if role != KVConnectorRole.SCHEDULER and self._tp > 1 else 0
         self._block_size = vllm_config.cache_config.block_size
         self._layout = vllm_layout(kv_cache_config, vllm_config) if kv_cache_config is not None else None
         if role == KVConnectorRole.SCHEDULER:
@@ -468,6 +497,10 @@ class _SchedulerSide:
         params = request.kv_transfer_params or {}
         info = params.get(PARAMS_KEY)
         if self.c._kv_role == "kv_producer" and params.get("do_remote_decode") and _is_push(info):
+            if self.c._tp != 1:
+                logger.warning("KvblocksConnector: request %s: layer-wise push needs tensor parallelism 1; "
+                               "not pushing", request.request_id)
+                return
             try:
                 self._push_wanted[request.request_id] = (str(info["xfer"]), check_id(str(info["decode_engine_id"])))
             except (KeyError, ValueError) as e:
@@ -533,6 +566,10 @@ class _SchedulerSide:
                 "request_id": request.request_id,
                 "host": self._adv_host,
                 "port": self._port,
+                # tensor parallelism: rank r's engine is rank_engine_id(engine_id, tp_size, r) at
+                # host:rank_ports[r] and holds KV heads [r h, (r + 1) h) of the model (h: the layout's)
+                "tp_size": self.c._tp,
+                "rank_ports": [self._port + r for r in range(self.c._tp)],
                 "block_ids": blocks,
                 "num_tokens": n_tokens,
                 "layout": self.c._layout.to_dict() if self.c._layout is not None else None,
@@ -576,13 +613,17 @@ class _WorkerSide:
         self.c = c
         o = c._opts
         role = {"kv_producer": kb.LlmRole.PROMPT, "kv_consumer": kb.LlmRole.DECODER}.get(c._kv_role, kb.LlmRole.MIX)
-        self.dd = kb.LlmDataDist(cluster_id_of(c._engine_id), role)
+        # this worker's tensor-parallel rank (the stand-in connectors of the worker tests set none: TP 1)
+        self.tp, self.rank = int(getattr(c, "_tp", 1)), int(getattr(c, "_rank", 0))
+        self.rank_id = rank_engine_id(c._engine_id, self.tp, self.rank)
+        self.dd = kb.LlmDataDist(cluster_id_of(self.rank_id), role)
         opts = {kb.OPTION_DEVICE_ID: "0", kb.OPTION_SYNC_CACHE_WAIT_TIME: str(o.pull_timeout_ms),
                 kb.OPTION_TRANSPORT: o.transport}
         if o.auth_token:
             opts[kb.OPTION_AUTH_TOKEN] = o.auth_token
         if c._is_producer:
-            opts[kb.OPTION_LISTEN_IP_INFO] = "%s:%d" % o.listen  # type: ignore[str-format]
+            host, port = o.listen  # type: ignore[misc]
+            opts[kb.OPTION_LISTEN_IP_INFO] = "%s:%d" % (host, port + self.rank)
         self.dd.initialize(opts)
         self.reg: Optional[layouts.Registration] = None
         self.layout: Optional[layouts.Layout] = None
@@ -601,7 +642,7 @@ class _WorkerSide:
         self._refused_holds: Set[str] = set()
         # decode
         self.peers = Peers(self.dd, link_timeout_ms=o.link_timeout_ms)
-        self._pulls: Transfers[Tuple[_RecvJob, Peer, Optional[_Group]]] = Transfers()
+        self._pulls: Transfers[Tuple[_RecvJob, _Group]] = Transfers()
         self._recv_done: Set[str] = set()
         self._load_errors: Set[int] = set()
         self._load_errors_out: Set[int] = set()
@@ -640,11 +681,12 @@ class _WorkerSide:
             if layouts.geometry(spec) is not None:
                 _check_interior(spec, tensors[0])
             lay = spec
-        self.reg = layouts.register(self.dd, lay, addrs, _cache_key(self.c._engine_id), keepalive=tensors)
+        self.reg = layouts.register(self.dd, lay, addrs, _cache_key(self.rank_id), keepalive=tensors)
         self._layer_of = {n: i for i, n in enumerate(names)}
         self.layout = lay
-        logger.info("KvblocksConnector: registered %d layers x %d blocks of %d bytes (%s, role %s)",
-                    lay.num_layers, lay.num_blocks, lay.block_bytes, lay.dtype, self.c._kv_role)
+        logger.info("KvblocksConnector: registered %d layers x %d blocks of %d bytes (%s, role %s, TP rank %d "
+                    "of %d)", lay.num_layers, lay.num_blocks, lay.block_bytes, lay.dtype, self.c._kv_role,
+                    self.rank, self.tp)
 
     # -------------------------------------------------------------- per step
 
@@ -673,15 +715,12 @@ class _WorkerSide:
         else:
             self._pushed(released, expired)  # a decode's holds are its reserved blocks (mode push)
         for f in self._pulls.poll():
-            job, p, grp = f.context
-            ok, error = f.ok, f.error
-            if grp is not None:  # one transfer of a transformed pull
-                grp.remaining -= 1
-                grp.error = grp.error or error
-                if grp.remaining > 0:
-                    continue
-                ok, error = grp.error is None, grp.error
-            self._pull_finished(job, p, ok, f.seconds, error)
+            job, grp = f.context
+            grp.remaining -= 1  # one transfer of the request's pull
+            grp.error = grp.error or f.error
+            if grp.remaining > 0:
+                continue
+            self._pull_finished(job, grp.error is None, f.seconds, grp.error)
         with self._lock:
             recving, self._recv_done = self._recv_done, set()
             self._load_errors_out |= self._load_errors
@@ -724,15 +763,15 @@ class _WorkerSide:
                                             * self.layout.num_layers)
                     self._recv_done.add(job.req_id)
             else:
-                self._fail(job, None, "the prefill aborted the push" if xfer in released
-                           else "no push landed within the reservation's lease")
+                self._fail(job, "the prefill aborted the push" if xfer in released
+                           else "no push landed within the reservation's lease", tell=False)
 
     def _start_push_recv(self, job: _RecvJob, p: Peer) -> None:
         """Decode, mode push: hold our blocks for the prefill and tell it where to push (control thread)."""
         xfer = str(job.params[PARAMS_KEY].get("xfer"))
         ticket = notices.new_ticket()
         if not self.holder.hold(xfer, ticket, self._push_lease_s(self.c._opts)):
-            return self._fail(job, p, "too many reserved transfers")
+            return self._fail(job, "too many reserved transfers")
         self._push_recv[xfer] = job
         self._control.put(("reserve", (p, job, ticket)))
 
@@ -814,42 +853,71 @@ class _WorkerSide:
     # -------------------------------------------------------------- pulls (decode)
 
     def _start_pull(self, job: _RecvJob) -> None:
-        """Submit the pull now when the prefill's link is up (the common case: no thread hop), else hand
-        it to the control thread, which links first."""
+        """Submit the pull now when the prefill ranks' links are up (the common case: no thread hop),
+        else hand it to the control thread, which links first."""
         job.t0 = time.perf_counter()
         try:
-            p = self._peer_of(job)
+            job.sources = self._sources_of(job)
         except (ValueError, KeyError, TypeError) as e:
-            return self._fail(job, None, e)
+            return self._fail(job, e)
         if not job.report:
-            self._control.put(("notice", (p, job, "abort")))  # the decode gave up before pulling
+            self._tell_all(job, "abort")  # the decode gave up before pulling
             return
         if job.push_offset >= 0:
             if self.c._is_producer:  # kv_both: one notice table serves the prefill's holds
-                return self._fail(job, p, "layer-wise push needs kv_consumer (this instance is kv_both)")
-            return self._start_push_recv(job, p)
-        if self.peers.is_up(p) and _cache_key(p.engine_id) in p.caches:
+                return self._fail(job, "layer-wise push needs kv_consumer (this instance is kv_both)")
+            if len(job.sources) != 1 or self.tp != 1:
+                return self._fail(job, "layer-wise push needs tensor parallelism 1 on both sides")
+            return self._start_push_recv(job, job.sources[0][0])
+        if all(self.peers.is_up(p) and _cache_key(p.engine_id) in p.caches for p, _ in job.sources):
             try:
-                return self._submit(job, p)
+                return self._submit(job)
             except Exception as e:  # noqa: BLE001 - e.g. the link broke meanwhile: relink on the control thread
-                self.peers.mark_broken(p)
+                for p, _ in job.sources:
+                    self.peers.mark_broken(p)
                 logger.debug("KvblocksConnector: request %s: submitting failed (%s); linking again", job.req_id, e)
-        self._control.put(("pull", (p, job)))
+        self._control.put(("pull", (job,)))
 
-    def _peer_of(self, job: _RecvJob) -> Peer:
+    def _sources_of(self, job: _RecvJob) -> List[Tuple[Peer, layouts.RankSource]]:
+        """The prefill ranks this worker pulls the request from, with the heads it takes from each: the
+        prefill's rank r holds KV heads [r h, (r + 1) h) (h: its layout's heads per rank), ours too.
+        Raises ValueError (KeyError, TypeError) for params that do not say where or what."""
         info = job.params[PARAMS_KEY]
-        p = self.peers.get(str(info["engine_id"]), str(info["host"]), int(info["port"]))
+        engine_id, host, port = str(info["engine_id"]), str(info["host"]), int(info["port"])
         check_id(str(info.get("request_id")))
-        return p
+        their_tp = int(info.get("tp_size", 1))
+        if not 0 < their_tp <= notices.MAX_PULLERS:
+            raise ValueError(f"prefill tp_size {their_tp} outside 1..{notices.MAX_PULLERS}")
+        listed = info.get("rank_ports") or [port]
+        if not isinstance(listed, list):
+            raise ValueError(f"prefill rank_ports must be a list, got {type(listed).__name__}")
+        ports = [int(x) for x in listed]
+        if len(ports) != their_tp:
+            raise ValueError(f"prefill tp_size {their_tp} with {len(ports)} rank ports")
+        swap = _test_mode(self.c._opts.test_swap_ranks, job.params, "_test_swap_ranks")
+        ours = self.tp
+        if their_tp == ours and not swap:
+            ranks = [layouts.RankSource(self.rank, None, 1)]
+        else:
+            assert self.layout is not None
+            theirs = layouts.Layout.from_dict(info["layout"]) if info.get("layout") else self.layout
+            gs, gd = layouts.geometry(theirs), layouts.geometry(self.layout)
+            if gs is None or gd is None:
+                raise ValueError(f"tensor parallelism: ours {ours}, the prefill's {their_tp}: a head slice needs "
+                                 f"both sides to describe their block interior, one of {sorted(layouts.INTERIORS)}")
+            ranks = layouts.tp_sources(their_tp, gs.heads, ours, self.rank, gd.heads, swap=swap)
+        return [(self.peers.get(rank_engine_id(engine_id, their_tp, rs.rank), host, ports[rs.rank]), rs)
+                for rs in ranks]
 
-    def _ready(self, p: Peer, info: Dict[str, Any]) -> None:
-        """Link (once, or again after a failure) and check the prefill's layout against ours: the one its
-        params claim, field by field, and the cache its link announced."""
+    def _ready(self, p: Peer, info: Dict[str, Any], head_maps: Optional[Sequence[layouts.HeadMap]] = None) -> None:
+        """Link (once, or again after a failure) and check the prefill rank's layout against ours: the one
+        its params claim, field by field (taking ``head_maps`` of its heads), and the cache its link
+        announced."""
         assert self.layout is not None
         # push params come from the client: the prefill's cache (as its link announced it) is checked
         theirs = layouts.Layout.from_dict(info["layout"]) if info.get("layout") or not _is_push(info) \
             else self.layout
-        compat = layouts.compatible(self.layout, theirs)
+        compat = layouts.compatible(self.layout, theirs, head_maps)
         if not compat.ok:
             raise ValueError(f"KV layout of prefill {p.engine_id} cannot be moved into ours: {compat.explain()}")
         fresh = not self.peers.is_up(p)
@@ -866,67 +934,85 @@ class _WorkerSide:
             logger.info("KvblocksConnector: linked to prefill %s at %s:%d (%s)", p.engine_id, p.host, p.port,
                         self.dd.link_path(p.cluster_id))
 
-    def _submit(self, job: _RecvJob, p: Peer) -> None:
+    def _submit(self, job: _RecvJob) -> None:
+        """Prepare (check) the pull from every source rank first, then submit them all; the request
+        finishes when the last transfer does."""
         assert self.reg is not None and self.layout is not None
         src, dst = job.remote_block_ids, job.local_block_ids
         info = job.params[PARAMS_KEY]
         theirs = layouts.Layout.from_dict(info["layout"]) if info.get("layout") else self.layout
-        compat = layouts.compatible(self.layout, theirs)
-        if not compat.ok:
-            raise ValueError(f"KV layout of prefill {p.engine_id} cannot be moved into ours: {compat.explain()}")
         if _test_mode(self.c._opts.test_reverse_blocks, job.params, "_test_reverse_blocks"):
             dst = dst[::-1]  # tests only: a deliberately wrong mapping
-        if not src or job.num_tokens <= job.dst_token0 and not compat.same:
-            return self._pull_finished(job, p, True, 0.0, None)
-        idx = kb.CacheIndex(p.cluster_id, p.caches[_cache_key(p.engine_id)])
-        if not compat.same:
-            return self._submit_transform(job, p, idx, compat, src, dst)
-        if len(src) != len(dst):
-            raise ValueError(f"request {job.req_id}: {len(src)} remote blocks for {len(dst)} local ones")
-        job.bytes = len(src) * self.layout.block_bytes * self.layout.num_layers
-        self._pulls.add(job.req_id, self.dd.pull_kv_blocks_async(idx, self.reg.cache, src, dst), (job, p, None),
-                        job.t0)
-
-    def _submit_transform(self, job: _RecvJob, p: Peer, idx: "kb.CacheIndex", compat: layouts.Compat,
-                          src: List[int], dst: List[int]) -> None:
-        """A pull between unequal layouts: every transfer of the plan is prepared (checked) first, then all
-        are submitted; the request finishes when the last does."""
-        assert self.reg is not None and compat.src is not None and compat.dst is not None
-        maps = None
-        h = compat.src.heads
-        if _test_mode(self.c._opts.test_rotate_heads, job.params, "_test_rotate_heads") and h > 1:
-            maps = [(1, 0, h - 1), (0, h - 1, 1)]  # tests only: heads rotated by one
-        pieces = layouts.plan(compat.src, compat.dst, src, dst, job.dst_token0, job.num_tokens, job.src_token0,
-                              job.dst_token0, maps, sink=NULL_BLOCK)
-        plans = [self.dd.prepare_transfer(idx, self.reg.cache, list(pc.src_blocks), list(pc.dst_blocks),
-                                          src_layout=pc.src_layout, dst_layout=pc.dst_layout,
-                                          src_heads=pc.src_heads, dst_heads=pc.dst_heads) for pc in pieces]
-        job.bytes = sum(x.bytes for x in plans)
-        grp = _Group(len(plans))
-        for k, x in enumerate(plans):
+        starts: List[Any] = []  # callables submitting one transfer each (a handle)
+        job.bytes = 0
+        for p, rs in job.sources:
+            compat = layouts.compatible(self.layout, theirs, rs.head_maps)
+            if not compat.ok:
+                raise ValueError(f"KV layout of prefill {p.engine_id} cannot be moved into ours: {compat.explain()}")
+            if not src or job.num_tokens <= job.dst_token0 and not compat.same:
+                continue
+            idx = kb.CacheIndex(p.cluster_id, p.caches[_cache_key(p.engine_id)])
+            if compat.same and rs.head_maps is None:
+                if len(src) != len(dst):
+                    raise ValueError(f"request {job.req_id}: {len(src)} remote blocks for {len(dst)} local ones")
+                job.bytes += len(src) * self.layout.block_bytes * self.layout.num_layers
+                starts.append(lambda idx=idx, cache=self.reg.cache: self.dd.pull_kv_blocks_async(idx, cache, src, dst))
+            else:
+                for x in self._plan_transform(job, idx, compat, theirs, rs.head_maps, src, dst):
+                    job.bytes += x.bytes
+                    starts.append(x.execute_async)
+        if not starts:
+            return self._pull_finished(job, True, 0.0, None)
+        grp = _Group(len(starts))
+        for k, start in enumerate(starts):
             try:
-                handle = x.execute_async()
+                handle = start()
             except Exception as e:  # noqa: BLE001 - those in flight finish first, then the request fails
                 grp.remaining, grp.error = k, f"{type(e).__name__}: {e}"
                 if k == 0:
                     raise
                 return
-            self._pulls.add((job.req_id, k), handle, (job, p, grp), job.t0)
+            self._pulls.add((job.req_id, k), handle, (job, grp), job.t0)
 
-    def _pull_finished(self, job: _RecvJob, p: Peer, ok: bool, took: float, error: Optional[str]) -> None:
+    def _plan_transform(self, job: _RecvJob, idx: "kb.CacheIndex", compat: layouts.Compat, theirs: layouts.Layout,
+                        head_maps: Optional[Sequence[layouts.HeadMap]], src: List[int], dst: List[int]) -> List[Any]:
+        """The prepared (checked) transfers of a pull between unequal layouts: block sizes, and the KV
+        heads ``head_maps`` take from this prefill rank."""
+        assert self.reg is not None and self.layout is not None
+        gs, gd = compat.src or layouts.geometry(theirs), compat.dst or layouts.geometry(self.layout)
+        if gs is None or gd is None:
+            raise ValueError("a head slice needs both sides to describe their block interior")
+        maps = list(head_maps) if head_maps is not None else None
+        if _test_mode(self.c._opts.test_rotate_heads, job.params, "_test_rotate_heads") and gs.heads > 1:
+            maps = [(1, 0, gs.heads - 1), (0, gs.heads - 1, 1)]  # tests only: heads rotated by one
+        pieces = layouts.plan(gs, gd, src, dst, job.dst_token0, job.num_tokens, job.src_token0,
+                              job.dst_token0, maps, sink=NULL_BLOCK)
+        return [self.dd.prepare_transfer(idx, self.reg.cache, list(pc.src_blocks), list(pc.dst_blocks),
+                                         src_layout=pc.src_layout, dst_layout=pc.dst_layout,
+                                         src_heads=pc.src_heads, dst_heads=pc.dst_heads) for pc in pieces]
+
+    def _pull_finished(self, job: _RecvJob, ok: bool, took: float, error: Optional[str]) -> None:
         if not ok:
-            return self._fail(job, p, error)
+            return self._fail(job, error)
         assert self.layout is not None
         with self._lock:
             self.pull_seconds.append(took)
             self._stats.record_pull(took, job.bytes)
             self._recv_done.add(job.req_id)
-        self._control.put(("notice", (p, job, "done")))
+        self._tell_all(job, "done")
 
-    def _fail(self, job: _RecvJob, p: Optional[Peer], e: Any) -> None:
-        """Any failure: report the blocks (vLLM recomputes them) and tell the prefill we gave up."""
-        if p is not None and job.report:
-            self.peers.mark_broken(p)
+    def _tell_all(self, job: _RecvJob, kind: str) -> None:
+        """Tell every prefill rank we pull from (on the control thread), each with how many of our ranks
+        pull from it: it frees the blocks after that many notices."""
+        for p, rs in job.sources:
+            self._control.put(("notice", (p, job, kind, rs.pullers)))
+
+    def _fail(self, job: _RecvJob, e: Any, tell: bool = True) -> None:
+        """Any failure: report the blocks (vLLM recomputes them) and, with ``tell``, tell the prefill
+        ranks we gave up."""
+        if tell and job.report:
+            for p, _ in job.sources:
+                self.peers.mark_broken(p)
         logger.warning("KvblocksConnector: request %s: pulling %d blocks from %s failed (%s); vLLM will "
                        "recompute them", job.req_id, len(job.local_block_ids),
                        job.params.get(PARAMS_KEY, {}).get("engine_id"), e)
@@ -935,8 +1021,10 @@ class _WorkerSide:
                 self._load_errors.update(job.local_block_ids)
                 self._stats.record_failed_pull()
                 self._recv_done.add(job.req_id)
-        if p is not None and self.peers.is_up(p):
-            self._control.put(("notice", (p, job, "abort")))
+        if tell:
+            for p, rs in job.sources:
+                if self.peers.is_up(p):
+                    self._control.put(("notice", (p, job, "abort", rs.pullers)))
 
     # -------------------------------------------------------------- control thread (decode)
 
@@ -948,21 +1036,22 @@ class _WorkerSide:
                 return
             what, args = item
             if what in ("pull", "reserve"):
-                p, job = args[:2]
+                job = args[0] if what == "pull" else args[1]
                 try:
                     if what == "pull":
-                        self._ready(p, job.params[PARAMS_KEY])
-                        self._submit(job, p)
+                        for p, rs in job.sources:
+                            self._ready(p, job.params[PARAMS_KEY], rs.head_maps)
+                        self._submit(job)
                     else:
                         self._reserve(*args)
                 except Exception as e:  # noqa: BLE001 - any failure: vLLM recomputes
                     if what == "reserve":
                         self._push_recv.pop(str(job.params[PARAMS_KEY].get("xfer")), None)
-                    self._fail(job, p, f"{type(e).__name__}: {e}")
+                    self._fail(job, f"{type(e).__name__}: {e}")
             else:
                 self._notify(*args)
 
-    def _notify(self, p: Peer, job: _RecvJob, kind: str) -> None:
+    def _notify(self, p: Peer, job: _RecvJob, kind: str, pullers: int = 1) -> None:
         info = job.params.get(PARAMS_KEY, {})
         ticket, rid = info.get("ticket"), info.get("request_id")
         if not isinstance(ticket, str) or not isinstance(rid, str):
@@ -970,7 +1059,8 @@ class _WorkerSide:
         try:
             if kind == "abort" and not self.peers.is_up(p):
                 return  # never linked: its lease frees the blocks
-            notices.send(self.dd, p.cluster_id, kind, rid, ticket, timeout_ms=self.c._opts.link_timeout_ms)
+            notices.send(self.dd, p.cluster_id, kind, rid, ticket, timeout_ms=self.c._opts.link_timeout_ms,
+                         pullers=pullers)
         except Exception as e:  # noqa: BLE001 - its lease frees the blocks instead
             logger.debug("KvblocksConnector: could not tell prefill %s %s for %s: %s", p.engine_id, kind, rid, e)
 
