@@ -237,6 +237,9 @@ class KvblocksChannelClient(TransferChannelClient):
         mask = [False] * task.n  # the task is ours alone now
         for i, ok in task.results.items():
             mask[i] = ok
+        if not all(mask):
+            logger.warning("kvblocks channel: read %d from %s: %d of %d objects failed (answered %.3f s after "
+                           "submission)", task_id, self.url, mask.count(False), task.n, time.perf_counter() - task.t0)
         return TransferChannelReadResult(finished=True, succeeded_mask=mask)
 
     def _poll(self, task_id: int) -> Tuple[_Task, bool]:
