@@ -196,7 +196,13 @@ def stack(tmp_path_factory):
             e.wait_ready(400)
         yield {"engines": engines, "servers": servers, "procs": procs, "flag": flag, "fault": fault}
     finally:
-        for e in engines.values():
+        for name, e in engines.items():
+            if not procs["server1" if name == "A" else "server2"].alive():
+                # its LMCache server is gone (the killed-server test): a clean quit waits out timeouts
+                try:
+                    os.killpg(e.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             e.close()
         for p in procs.values():
             p.close()
