@@ -5,7 +5,10 @@ Runs ``lmcache.tools.transfer_channel_benchmark`` (a server process registering 
 reading a random subset of its objects, ``--verify`` checking every byte) once per channel per round,
 the channels alternating in a new order each round, on the same objects (same sizes, same seed). The
 kvblocks channel is registered by its launcher (``python -m kvblocks.lmcache benchmark``); NIXL's is
-LMCache's (UCX backend). Prints each run's median GB/s, the per-round ratio and the median ratio.
+LMCache's (UCX backend). ``cma-ceiling`` (bench/lmcache_ceiling.py: one bare process_vm_readv of all
+objects inside submit_read, no thread, no check) shows what any cross-memory-attach channel can reach on
+LMCache's arenas in this loop. Prints each run's median GB/s, per round each channel's ratio to NIXL (and
+kvblocks' to the ceiling), and the median ratios.
 
     KVBLOCKS_AUTH_TOKEN=... python bench/lmcache_channel.py [--rounds 3] [--object-size 4MB]
         [--num-objects 8] [--page-size 4KB] [--iters 20] [--json out.json]
@@ -33,6 +36,8 @@ _MEDIAN = re.compile(r"median\s*:\s*([\d.]+)\s*ms\s+([\d.]+)\s*GB/s")
 def _cmd(channel: str) -> List[str]:
     if channel == "kvblocks":
         return [sys.executable, "-m", "kvblocks.lmcache", "benchmark"]
+    if channel == "cma-ceiling":
+        return [sys.executable, os.path.join(HERE, "lmcache_ceiling.py"), "benchmark"]
     return [sys.executable, "-m", "lmcache.tools.transfer_channel_benchmark"]
 
 
@@ -97,15 +102,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"round {r + 1} {ch:9s} median {res['median_ms']:8.2f} ms {res['gbps']:7.2f} GB/s "
                   f"verify {'OK' if res['verified'] else 'FAILED'} (client rc {res['rc']}) load {load()}", flush=True)
     summary: Dict[str, object] = {"config": vars(a), "runs": runs, "load_end": load(), "finished": time.time()}
-    if "kvblocks" in channels and "nixl" in channels:
+    pairs = [(c, "nixl") for c in channels if c != "nixl" and "nixl" in channels]
+    if "kvblocks" in channels and "cma-ceiling" in channels:
+        pairs.append(("kvblocks", "cma-ceiling"))
+    summary["ratios"] = {}
+    for num, den in pairs:
         ratios = []
         for r in range(1, a.rounds + 1):
             by = {x["channel"]: x for x in runs if x["round"] == r}
-            ratios.append(by["kvblocks"]["gbps"] / by["nixl"]["gbps"])
-        summary["ratios"] = ratios
-        summary["median_ratio"] = statistics.median(ratios)
-        print(f"kvblocks / nixl throughput per round: {', '.join(f'{x:.2f}x' for x in ratios)}; "
-              f"median {statistics.median(ratios):.2f}x; load at end {load()}")
+            ratios.append(by[num]["gbps"] / by[den]["gbps"])
+        summary["ratios"][f"{num}/{den}"] = {"rounds": ratios, "median": statistics.median(ratios)}
+        print(f"{num} / {den} throughput per round: {', '.join(f'{x:.2f}x' for x in ratios)}; "
+              f"median {statistics.median(ratios):.2f}x")
+    print(f"load at end {load()}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(summary, f, indent=1)

@@ -5,9 +5,18 @@ engines (``LMCacheMPConnector``) and LMCache's coordinator (``python -m lmcache.
 Engine A on server 1 computes the prompts (the one-engine reference) and stores their KV in server 1.
 Engine B on server 2 then gets the same prompts: server 2 misses, finds the chunks at server 1 through
 the coordinator and reads them over the kvblocks channel (started by ``python -m kvblocks.lmcache
-server``). Checked: B's greedy tokens equal A's, and server 2's kvblocks engine pulled bytes. Negative
+server``), over TCP (``--kvblocks-transport tcp``, as between hosts: on one host the default reads the
+peer's arena by cross-memory attach without its help, so a frozen server could not fail a read; the
+channel tests cover that path byte for byte). Checked: B's greedy tokens equal A's, and server 2's
+kvblocks engine pulled bytes. Negative
 control: server 2 runs the launcher through ``corrupt_launcher.py``, whose channel, once a flag file
 exists, XORs every object it read; B's tokens for fresh prompts must then differ from A's.
+
+Faults on the serving path (the last two tests, in this order; the second ends server 1): server 2's
+launcher freezes (SIGSTOP) or kills (SIGKILL) server 1 at the start of a read, after LMCache's P2P lookup
+succeeded. The read must end within LMCache's ``--p2p-load-timeout`` (a failed read becomes a miss and
+vLLM recomputes), B's tokens must equal A's, and no byte may land in server 2 after the generate
+returned (server 1 resumed, for the frozen case).
 
 The tiny random checkpoint is written here (tests/vllm/engine_proc.py). Run: ``pytest tests/lmcache -m
 lmcache -s``.
@@ -15,6 +24,8 @@ lmcache -s``.
 import json
 import os
 import random
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -50,6 +61,19 @@ def prompts(seed, lengths):
 
 EQUAL = prompts(21, [128, 192, 256, 320])
 NEGATIVE = prompts(22, [192, 256])
+FROZEN = prompts(23, [192, 256])
+KILLED = prompts(24, [192, 256])
+ALL = EQUAL + NEGATIVE + FROZEN + KILLED
+LOAD_TIMEOUT_S = 5  # LMCache's --p2p-load-timeout here; the launcher sets the channel's deadline to 4 s
+LOOKUP_TIMEOUT_S = 3  # LMCache's --p2p-lookup-timeout (default 30 s: each lookup at a dead server waits it out)
+
+
+def ref_of(stack, which):
+    """A's (the one-engine) tokens for the prompts ``which``."""
+    if stack.get("ref") is None:
+        pytest.skip("needs the first test's reference tokens")
+    i = ALL.index(which[0])
+    return stack["ref"][i:i + len(which)]
 
 
 class Proc:
@@ -139,6 +163,7 @@ def stack(tmp_path_factory):
     model = make_model(str(d / "model"))
     coord = free_port()
     flag = str(d / "corrupt-now")
+    fault = str(d / "fault")
     procs = {}
     procs["coordinator"] = Proc("coordinator", [sys.executable, "-m", "lmcache.v1.mp_coordinator", "--host",
                                                 "127.0.0.1", "--port", str(coord), "--disable-metrics"], str(d))
@@ -150,10 +175,12 @@ def stack(tmp_path_factory):
             sys.executable, *launcher, "server", "--kvblocks-metrics-port", str(kvm),
             "--host", "127.0.0.1", "--port", str(mq), "--http-host", "127.0.0.1", "--http-port", str(http),
             "--l1-size-gb", "0.25", "--eviction-policy", "LRU", "--supported-transfer-mode", "engine_driven", "--chunk-size", str(CHUNK), "--disable-metrics",
-            "--p2p-advertise-url", f"127.0.0.1:{p2p}", "--p2p-load-timeout", "5",
+            "--p2p-advertise-url", f"127.0.0.1:{p2p}", "--p2p-load-timeout", str(LOAD_TIMEOUT_S),
+            "--p2p-lookup-timeout", str(LOOKUP_TIMEOUT_S), "--kvblocks-transport", "tcp",
             "--coordinator-url", f"http://127.0.0.1:{coord}", "--coordinator-heartbeat-interval", "1",
             "--coordinator-advertise-ip", "127.0.0.1"],
-            str(d), env={"KVBLOCKS_AUTH_TOKEN": TOKEN, "KVBLOCKS_TEST_CORRUPT_FLAG": flag})
+            str(d), env={"KVBLOCKS_AUTH_TOKEN": TOKEN, "KVBLOCKS_TEST_CORRUPT_FLAG": flag,
+                 "KVBLOCKS_TEST_FAULT_FILE": fault})
     engines = {}
     try:
         for i in (1, 2):
@@ -167,9 +194,15 @@ def stack(tmp_path_factory):
         engines["B"] = Engine("lmc-B", model, engine_cfg(servers[2]["mq"]), cpu=1, log_dir=str(d))
         for e in engines.values():
             e.wait_ready(400)
-        yield {"engines": engines, "servers": servers, "procs": procs, "flag": flag}
+        yield {"engines": engines, "servers": servers, "procs": procs, "flag": flag, "fault": fault}
     finally:
-        for e in engines.values():
+        for name, e in engines.items():
+            if not procs["server1" if name == "A" else "server2"].alive():
+                # its LMCache server is gone (the killed-server test): a clean quit waits out timeouts
+                try:
+                    os.killpg(e.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             e.close()
         for p in procs.values():
             p.close()
@@ -178,7 +211,7 @@ def stack(tmp_path_factory):
 def test_kv_read_through_the_kvblocks_channel_gives_the_same_tokens(stack):
     a, b = stack["engines"]["A"], stack["engines"]["B"]
     kvm = stack["servers"][2]["kvm"]
-    ref = a.generate(EQUAL + NEGATIVE, MAX_TOKENS, timeout=300)["tokens"]
+    ref = a.generate(ALL, MAX_TOKENS, timeout=300)["tokens"]
     time.sleep(2)  # A's stores land in server 1 asynchronously
     before = kvblocks_bytes_in(kvm)
     out = b.generate(EQUAL, MAX_TOKENS, timeout=300)
@@ -188,16 +221,70 @@ def test_kv_read_through_the_kvblocks_channel_gives_the_same_tokens(stack):
     assert got > 0, "server 2 read nothing over the kvblocks channel: the tokens below prove nothing"
     assert out["tokens"] == ref[:len(EQUAL)]
     stack["ref"] = ref
+    stack["b_seconds"] = out["seconds"]
 
 
 def test_negative_control_wrong_bytes_change_the_tokens(stack):
     b = stack["engines"]["B"]
-    ref = stack.get("ref")
-    if ref is None:
-        pytest.skip("needs the first test's reference tokens")
+    ref = ref_of(stack, NEGATIVE)
     kvm = stack["servers"][2]["kvm"]
     open(stack["flag"], "w").close()
-    before = kvblocks_bytes_in(kvm)
-    out = b.generate(NEGATIVE, MAX_TOKENS, timeout=300)["tokens"]
-    assert kvblocks_bytes_in(kvm) > before
-    assert out != ref[len(EQUAL):], "corrupted KV did not change the tokens"
+    try:
+        before = kvblocks_bytes_in(kvm)
+        out = b.generate(NEGATIVE, MAX_TOKENS, timeout=300)["tokens"]
+        assert kvblocks_bytes_in(kvm) > before
+    finally:
+        os.remove(stack["flag"])
+    assert out != ref, "corrupted KV did not change the tokens"
+
+
+def read_failures(log_path, since):
+    """For each failed read of server 2's channel, the seconds from its submission to LMCache's poll that
+    got the failure, from its log (lines after ``since``)."""
+    with open(log_path) as f:
+        lines = f.read()[since:].splitlines()
+    return [float(m.group(1)) for m in (re.search(r"kvblocks channel: read \d+ from .*: \d+ of \d+ objects failed "
+                                                 r"\(answered ([\d.]+) s after submission\)", x) for x in lines) if m]
+
+
+def fault_at_the_read(stack, sig, prompts_):
+    """Server 1 frozen or killed as server 2's channel starts reading ``prompts_``' KV for engine B: B's
+    tokens must equal A's, the read must end within LMCache's load timeout, and no byte may land in server
+    2 after B's generate returned (server 1 resumed first, when frozen). Returns the failed reads' times
+    and the generate's seconds."""
+    b, s1, s2 = stack["engines"]["B"], stack["procs"]["server1"], stack["procs"]["server2"]
+    kvm = stack["servers"][2]["kvm"]
+    ref = ref_of(stack, prompts_)
+    since = os.path.getsize(s2.log_path)
+    with open(stack["fault"], "w") as f:
+        f.write(f"{sig} {s1.proc.pid}\n")
+    try:
+        t0 = time.monotonic()
+        out = b.generate(prompts_, MAX_TOKENS, timeout=300)
+        took = time.monotonic() - t0
+        assert os.path.exists(stack["fault"] + ".done"), \
+            "server 2 read nothing from server 1: the fault was never injected, so the test proves nothing"
+        landed = kvblocks_bytes_in(kvm)
+    finally:
+        if sig == "STOP":
+            os.killpg(s1.proc.pid, signal.SIGCONT)
+        for p in (stack["fault"], stack["fault"] + ".done"):
+            if os.path.exists(p):
+                os.remove(p)
+    failed = read_failures(s2.log_path, since)
+    print(f"\nlmcache e2e, server 1 {sig} at the read: generate {took:.2f} s (B's first: "
+          f"{stack['b_seconds']:.2f} s), {len(failed)} reads failed, after {max(failed, default=0):.2f} s at most")
+    assert out["tokens"] == ref, "a failed read did not become a miss that vLLM recomputes"
+    assert failed and max(failed) < LOAD_TIMEOUT_S, f"the read did not fail within LMCache's load timeout: {failed}"
+    time.sleep(2)  # server 1 resumed (or is gone): whatever it still had queued would land now
+    assert kvblocks_bytes_in(kvm) == landed, "a byte landed in server 2 after the read failed"
+    return failed, took
+
+
+def test_a_server_frozen_at_the_read_is_a_miss_and_vllm_recomputes(stack):
+    fault_at_the_read(stack, "STOP", FROZEN)
+
+
+def test_a_server_killed_at_the_read_is_a_miss_and_vllm_recomputes(stack):
+    """Last: server 1 stays dead."""
+    fault_at_the_read(stack, "KILL", KILLED)
