@@ -37,7 +37,8 @@ class StandIn : public Backend {
   bool Serves(MemKind local, MemKind remote) const override {
     return local == MemKind::kHost && remote == remote_kind_;
   }
-  bool Offered(const OfferOptions &) const override { return true; }
+  const char *transport_option() const override { return name_; }
+  bool Offered(const BackendOptions &) const override { return true; }
   bool Attach(Link *, std::shared_ptr<PeerState> *) override { return true; }
   std::shared_ptr<Path> PathFor(Link *, PeerState *, RemoteCache &rc) override {
     ++asked;

@@ -44,7 +44,7 @@ struct CacheEntry {
   // them down rather than waiting out a deadline the peer chose.
   std::mutex serving_mu;
   std::multiset<int> serving_fds;
-  // Backends' registrations of this cache (a UCX mem_map, say), keyed by backend: made on first
+  // Backends' registrations of this cache (a network backend's memory map, say), keyed by backend: made on first
   // need, dropped by that backend's Unregister once peers stopped using the cache.
   mutable std::mutex regs_mu;
   std::map<const void *, std::shared_ptr<void>> regs;

@@ -65,7 +65,7 @@ struct Link {
   PeerIdentity peer;          // claimed: hints only
   LocalPeer local;            // kernel-verified same-host peer (pid, pidfd, memfds); pid 0 when none
   uint64_t capabilities = 0;  // offered by both sides
-  bool integrity = false;     // kvblocks.Integrity=crc32c on our side: our TCP requests carry CRC32C
+  bool integrity = false;     // kvblocks.Integrity=crc32c on our side: our served requests carry CRC32C
   bool same_process = false;  // verified: the peer proved it is an engine of this process
   bool same_host = false;     // verified: same_process or local.pid
   // The backends that may reach the peer, most preferred first, each with its state for this peer
@@ -74,7 +74,7 @@ struct Link {
   std::map<int64_t, RemoteCache> caches;  // immutable once the link is registered: read without locks
   std::set<int64_t> shown;  // our cache ids in the table the peer got (set before the link is used)
   // Caches the peer registered after linking, learned one at a time on first use (CACHE_QUERY,
-  // engine/late.cc) and reached over TCP only. At most kMaxLateCaches: the oldest is forgotten
+  // engine/late.cc) and reached over the served path only. At most kMaxLateCaches: the oldest is forgotten
   // (asked for again when next used), and one the peer unregistered (CACHE_GONE) at once. A
   // transfer holds its entry by shared_ptr, so forgetting one never pulls it from under a transfer.
   std::shared_mutex late_mu;
@@ -135,7 +135,7 @@ struct Link {
   void ReleaseChannel(int fd, bool reusable);
   void AddRequesterChannel(int fd);  // a reverse channel the opener opened for us (already counted)
   void ReverseRefused();             // the opener will not open one we asked for
-  std::string PathName() const;      // DescribePaths: "inprocess", "shm", "cma", "shm+cma", "ucx" or "tcp"
+  std::string PathName() const;      // DescribePaths: backend names joined by "+"
   ~Link();
 };
 

@@ -24,7 +24,7 @@ class Backend;
 enum class PathMode : uint8_t {
   kLocalCopy,  // this thread copies the bytes itself (memcpy, process_vm_*): no peer, no network
   kRemoteDma,  // one-sided over a network (RDMA get/put): the peer's CPU takes no part
-  kServed,     // requests the peer serves from its own table (TCP)
+  kServed,     // requests the peer serves from its own table
 };
 
 // One transfer of a pipelined run (Path::ExecutePipelined): the arguments of Path::Execute.

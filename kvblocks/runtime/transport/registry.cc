@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "transport/registry.h"
 
+#include <set>
+
 #include "link/link.h"
 #include "transport/select.h"
 #include "wire/messages.h"
@@ -32,12 +34,65 @@ Backend *FindBackend(const std::string &name) {
   return nullptr;
 }
 
-uint64_t OfferedCapabilities(const OfferOptions &o) {
+uint64_t OfferedCapabilities(const BackendOptions &o) {
   uint64_t caps = kCapCacheQuery | kCapKeyQuery | kCapCrc32c;  // not paths: every engine offers them
   for (Backend *b : Backends())
     if (b->Offered(o)) caps |= b->capability();
   return caps;
 }
+
+bool KnownTransport(const std::string &value) {
+  if (value == "auto") return true;
+  for (Backend *b : Backends())
+    if (value == b->transport_option()) return true;
+  return false;
+}
+
+std::string TransportChoices() {
+  std::set<std::string> names;  // sorted, each once (the same-host backends share theirs)
+  for (Backend *b : Backends()) names.insert(b->transport_option());
+  std::string out = "auto";
+  size_t left = names.size();
+  for (const std::string &n : names) out += (--left == 0 ? " or " : ", ") + n;
+  return out;
+}
+
+llm_datadist::Status CheckBackendOptions(const BackendOptions &o) {
+  for (Backend *b : Backends()) {
+    const llm_datadist::Status st = b->CheckOptions(o);
+    if (st != llm_datadist::LLM_SUCCESS) return st;
+  }
+  return llm_datadist::LLM_SUCCESS;
+}
+
+uint64_t LocalExchangeCapabilities() {
+  uint64_t caps = 0;
+  for (Backend *b : Backends())
+    if (b->NeedsLocalExchange()) caps |= b->capability();
+  return caps;
+}
+
+bool TransportSuits(const Link &link, const std::string &transport, std::string *names) {
+  bool selects = false;
+  for (Backend *b : Backends()) {
+    if (transport != b->transport_option() || b->ExchangesAttachData()) continue;
+    for (const Attached &a : link.attached)
+      if (a.backend == b) return true;
+    if (b->Suits(link)) return true;
+    selects = true;
+    *names += (names->empty() ? "" : ", ") + std::string(b->name());
+  }
+  return !selects;
+}
+
+std::vector<Backend *> AttachExchangers(uint64_t caps) {
+  std::vector<Backend *> out;
+  for (Backend *b : Backends())
+    if (b->ExchangesAttachData() && (caps & b->capability()) != 0) out.push_back(b);
+  return out;
+}
+
+uint8_t BackendId(const Backend &b) { return static_cast<uint8_t>(__builtin_ctzll(b.capability())); }
 
 void ChoosePaths(Link *link) {
   VerifyPeer(link);

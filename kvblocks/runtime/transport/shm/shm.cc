@@ -13,9 +13,13 @@ namespace {
 class Shm : public Backend {
  public:
   const char *name() const override { return "shm"; }
-  uint64_t capability() const override { return kCapSharedMemory; }
+  uint64_t capability() const override { return 1 << 1; }  // its handshake bit (docs/protocol.md)
+  const char *transport_option() const override { return "shm"; }
+  bool NeedsLocalExchange() const override { return true; }
+  // Transport=shm: a verified same-host peer, whichever same-host backend reaches it.
+  bool Suits(const Link &link) const override { return link.same_host; }
   PathMode path_mode() const override { return PathMode::kLocalCopy; }
-  bool Offered(const OfferOptions &o) const override { return o.transport == "auto" || o.transport == "shm"; }
+  bool Offered(const BackendOptions &o) const override { return o.transport == "auto" || o.transport == "shm"; }
   void Describe(const CacheEntry &e, TableEntry *t) const override {
     if (!e.region) return;
     t->has_memfd = true;

@@ -12,9 +12,10 @@ namespace {
 class Tcp : public Backend {
  public:
   const char *name() const override { return "tcp"; }
-  uint64_t capability() const override { return kCapTcp; }
+  uint64_t capability() const override { return 1 << 0; }  // its handshake bit (docs/protocol.md)
+  const char *transport_option() const override { return "tcp"; }
   PathMode path_mode() const override { return PathMode::kServed; }
-  bool Offered(const OfferOptions &) const override { return true; }
+  bool Offered(const BackendOptions &) const override { return true; }
   bool Attach(Link *, std::shared_ptr<PeerState> *) override { return true; }
   std::shared_ptr<Path> PathFor(Link *link, PeerState *, RemoteCache &rc) override { return MakeTcpPath(link, rc.id); }
 };
