@@ -19,7 +19,7 @@ class StandInPath : public Path {
   explicit StandInPath(const char *name, PathMode mode) : name_(name), mode_(mode) {}
   const char *name() const override { return name_; }
   PathMode mode() const override { return mode_; }
-  llm_datadist::Status Execute(const Plan &, const CacheEntry &, bool, int64_t) override { return 0; }
+  llm_datadist::Status Execute(const Plan &, const LocalMemory &, bool, int64_t) override { return 0; }
 
  private:
   const char *name_;

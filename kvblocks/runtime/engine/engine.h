@@ -153,7 +153,7 @@ class Impl : private LinkerHost {
   // links.cc: LinkerHost, what the linker (link/linker.h) asks of the engine
   std::vector<TableEntry> DescribeCaches() override;
   void AddMemfds(const std::vector<TableEntry> &shown, LocalFds *out, std::vector<std::shared_ptr<void>> *keep) override;
-  std::shared_ptr<CacheEntry> OurCache(int64_t id) override;
+  std::shared_ptr<LocalMemory> OurCache(int64_t id) override;
   bool Spawn(std::function<void()> fn) override;  // lifecycle.cc
   void Serve(int fd, const std::shared_ptr<struct Link> &link) override;
   void TrackLoose(int fd) override;

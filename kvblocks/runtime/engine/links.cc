@@ -95,7 +95,7 @@ void Impl::AddMemfds(const std::vector<TableEntry> &shown, LocalFds *out, std::v
   }
 }
 
-std::shared_ptr<CacheEntry> Impl::OurCache(int64_t id) { return caches_.Find(id); }
+std::shared_ptr<LocalMemory> Impl::OurCache(int64_t id) { return caches_.Find(id); }
 
 void Impl::Serve(int fd, const std::shared_ptr<struct Link> &link) { ServeChannel(fd, link.get(), caches_); }
 

@@ -50,7 +50,7 @@ class LinkerHost {
   virtual void AddMemfds(const std::vector<TableEntry> &shown, LocalFds *out,
                          std::vector<std::shared_ptr<void>> *keep) = 0;
   // Our cache `id`, for a backend's attach data (transport/backend.h AttachEnv); null when gone.
-  virtual std::shared_ptr<CacheEntry> OurCache(int64_t id) = 0;
+  virtual std::shared_ptr<LocalMemory> OurCache(int64_t id) = 0;
   virtual bool Spawn(std::function<void()> fn) = 0;  // a runtime thread; false when none started
   virtual void Serve(int fd, const std::shared_ptr<Link> &link) = 0;  // serves a data channel until it closes
   virtual void TrackLoose(int fd) = 0;   // a socket still handshaking: Finalize wakes it

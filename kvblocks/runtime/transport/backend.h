@@ -53,7 +53,7 @@ struct AttachEnv {
   // the engine finalized.
   std::shared_ptr<EngineState> engine;
   // One of our caches by id; null when it is gone.
-  std::function<std::shared_ptr<CacheEntry>(int64_t id)> find_cache;
+  std::function<std::shared_ptr<LocalMemory>(int64_t id)> find_cache;
 };
 
 class Backend {
@@ -83,10 +83,10 @@ class Backend {
   virtual bool NeedsLocalExchange() const { return false; }
   // Its descriptor in the cache table every linked peer receives (nothing by default). Never
   // anything that reaches memory without the owner's serving it: that goes in AttachData.
-  virtual void Describe(const CacheEntry & /*cache*/, TableEntry * /*entry*/) const {}
+  virtual void Describe(const LocalMemory & /*cache*/, TableEntry * /*entry*/) const {}
   // The cache is gone for good (peers confirmed they stopped): drop what a registration kept for it
-  // (CacheEntry::regs, keyed by the backend).
-  virtual void Unregister(CacheEntry * /*cache*/) {}
+  // (LocalMemory::regs, keyed by the backend).
+  virtual void Unregister(LocalMemory * /*cache*/) {}
   // From what `link` verified about the peer (never what the peer claims): whether this backend may
   // reach it; `*state` may receive its per-peer state. Called once both sides' capabilities are known.
   virtual bool Attach(Link *link, std::shared_ptr<PeerState> *state) = 0;

@@ -154,11 +154,11 @@ bool OneSidedPeer(const Link &link) {
   return false;
 }
 
-void UnregisterEverywhere(CacheEntry *cache) {
+void UnregisterEverywhere(LocalMemory *cache) {
   for (Backend *b : Backends()) b->Unregister(cache);
 }
 
-void DescribeEverywhere(const CacheEntry &cache, TableEntry *entry) {
+void DescribeEverywhere(const LocalMemory &cache, TableEntry *entry) {
   for (Backend *b : Backends()) b->Describe(cache, entry);
 }
 

@@ -73,9 +73,9 @@ std::string DescribePaths(const Link &link);
 // Some backend lets the peer reach our memory without our serving it (one-sided).
 bool OneSidedPeer(const Link &link);
 // Forget `cache` in every backend (it is unregistered and peers stopped using it).
-void UnregisterEverywhere(CacheEntry *cache);
+void UnregisterEverywhere(LocalMemory *cache);
 // Every backend's descriptor of `cache` in `entry`.
-void DescribeEverywhere(const CacheEntry &cache, TableEntry *entry);
+void DescribeEverywhere(const LocalMemory &cache, TableEntry *entry);
 
 }  // namespace kvblocks
 

@@ -61,7 +61,7 @@ class GuardedPath : public Path {
       : inner_(std::move(inner)), link_(link), pidfd_(pidfd) {}
   const char *name() const override { return inner_->name(); }
   PathMode mode() const override { return inner_->mode(); }
-  Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
+  Status Execute(const Plan &plan, const LocalMemory &local, bool pull, int64_t deadline) override {
     if (!PeerAlive(link_, pidfd_)) {
       link_->Fail();
       return Fail(LLM_NOT_YET_LINK, "cluster %llu has gone (its process exited or its engine finalized)",

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Shared-memory backend: memcpy into a same-host peer's allocated cache (a memfd it sent over the
 // kernel-verified local exchange, transport/local_peer.h), mapped here.
-#include "cache/cache.h"
+#include "transport/memory.h"
 #include "link/link.h"
 #include "transport/backend.h"
 #include "transport/select.h"
@@ -20,7 +20,7 @@ class Shm : public Backend {
   bool Suits(const Link &link) const override { return link.same_host; }
   PathMode path_mode() const override { return PathMode::kLocalCopy; }
   bool Offered(const BackendOptions &o) const override { return o.transport == "auto" || o.transport == "shm"; }
-  void Describe(const CacheEntry &e, TableEntry *t) const override {
+  void Describe(const LocalMemory &e, TableEntry *t) const override {
     if (!e.region) return;
     t->has_memfd = true;
     t->memfd = MemfdDesc{e.region->fd, e.region->ino, e.region->dev, e.region->size, e.pitch};

@@ -18,7 +18,7 @@
 #include <mutex>
 #include <vector>
 
-#include "cache/cache.h"
+#include "transport/memory.h"
 #include "common/error.h"
 #include "common/util.h"
 #include "kvblocks/ext_types.h"
@@ -199,7 +199,7 @@ std::string PackedRkey(kvb_mem *m) {
 }
 
 // One mapping for an allocated cache's region, else one per tensor (user memory may lie anywhere).
-std::shared_ptr<UcxRegistration> Register(const std::shared_ptr<UcxContext> &ctx, const CacheEntry &e) {
+std::shared_ptr<UcxRegistration> Register(const std::shared_ptr<UcxContext> &ctx, const LocalMemory &e) {
   auto r = std::make_shared<UcxRegistration>();
   r->ctx = ctx;
   char err[256] = {};
@@ -251,7 +251,7 @@ class UcxEngine : public EngineState {
 
 // Registers `cache` with the worker (once; the registration lives as long as the cache, or until
 // Unregister) and gives its keys for UCX_INFO; false when it stays off UCX.
-bool Announce(const std::shared_ptr<UcxContext> &ctx, CacheEntry *cache, const TableEntry &shown, UcxCacheKeys *out) {
+bool Announce(const std::shared_ptr<UcxContext> &ctx, LocalMemory *cache, const TableEntry &shown, UcxCacheKeys *out) {
   std::shared_ptr<UcxRegistration> r;
   {
     std::lock_guard<std::mutex> g(cache->regs_mu);
@@ -264,7 +264,7 @@ bool Announce(const std::shared_ptr<UcxContext> &ctx, CacheEntry *cache, const T
   return true;
 }
 
-void Forget(CacheEntry *cache) {
+void Forget(LocalMemory *cache) {
   std::shared_ptr<void> r;  // unmapped here, outside the lock
   std::lock_guard<std::mutex> g(cache->regs_mu);
   auto it = cache->regs.find(UcxBackend());
@@ -318,7 +318,7 @@ class UcxPath : public Path {
 
   // One operation per merged run of each tensor pair; the ranges were checked against both
   // tables (engine/transfer.cc) before this is called.
-  Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
+  Status Execute(const Plan &plan, const LocalMemory &local, bool pull, int64_t deadline) override {
     const std::shared_ptr<UcxRegistration> mine = LocalMappings(local);  // held: mapped until we return
     std::vector<kvb_op> ops;
     ops.reserve(plan.src_tensors.size() * plan.segs.size());
@@ -345,7 +345,7 @@ class UcxPath : public Path {
  private:
   // The local cache's mappings on this path's context, when it has been announced (else UCX finds
   // or makes its own).
-  std::shared_ptr<UcxRegistration> LocalMappings(const CacheEntry &local) const {
+  std::shared_ptr<UcxRegistration> LocalMappings(const LocalMemory &local) const {
     std::lock_guard<std::mutex> g(local.regs_mu);
     auto it = local.regs.find(UcxBackend());
     auto r = it == local.regs.end() ? nullptr : std::static_pointer_cast<UcxRegistration>(it->second);
@@ -387,7 +387,7 @@ class Ucx : public Backend {
   }
   bool Available(std::string *why) const override { return UcxAvailable(why); }
   Status CheckOptions(const BackendOptions &o) const override;
-  void Unregister(CacheEntry *cache) override { Forget(cache); }
+  void Unregister(LocalMemory *cache) override { Forget(cache); }
   bool Attach(Link *, std::shared_ptr<PeerState> *) override { return false; }
   std::shared_ptr<Path> PathFor(Link *link, PeerState *state, RemoteCache &rc) override {
     auto *peer = static_cast<UcxPeer *>(state);
@@ -436,7 +436,7 @@ std::string Ucx::AttachData(const AttachEnv &env, const std::vector<TableEntry> 
   auto *engine = static_cast<UcxEngine *>(env.engine.get());
   const std::shared_ptr<UcxContext> ctx = refuse || engine == nullptr ? nullptr : engine->Context(env.ctrl_fd, &why);
   for (const TableEntry &t : shown) {
-    std::shared_ptr<CacheEntry> e = ctx ? env.find_cache(t.id) : nullptr;
+    std::shared_ptr<LocalMemory> e = ctx ? env.find_cache(t.id) : nullptr;
     UcxCacheKeys k;
     if (!e || !Announce(ctx, e.get(), t, &k)) continue;
     info.worker = ctx->address();
