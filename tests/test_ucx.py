@@ -445,6 +445,24 @@ def test_malformed_ucx_info_refuses_the_link(what):
 
 
 @needs_ucx
+@pytest.mark.parametrize("frame", ["ucx", "another backend's", "empty"])
+def test_backend_attach_frame_for_another_backend_refuses_the_link(frame):
+    """Contract: a BACKEND_ATTACH frame whose id byte is not the backend expected next (or that has
+    no id) is refused like a malformed one. Under auto the sound frame with a garbage worker only
+    keeps the link off UCX (the control: it links), so the refusal is the id's alone."""
+    good = _ucx_info(JUNK, [(5, [JUNK], [0, 0])])
+    payload = {"ucx": good, "another backend's": bytes([6]) + good[1:], "empty": b""}[frame]
+    h = _hostile(_entry(5, [0x10, 0x20]), payload)
+    me = _engine(1, transport="auto")
+    try:
+        rets = me.link_llm_clusters([cluster(77, h.port)])
+        assert rets == [kb.Status.LLM_SUCCESS if frame == "ucx" else kb.Status.LLM_LINK_FAILED]
+    finally:
+        me.finalize()
+        h.close()
+
+
+@needs_ucx
 @pytest.mark.parametrize("worker", [JUNK, b"\x04" + JUNK], ids=["garbage", "another-version"])
 @pytest.mark.parametrize("transport", ["ucx", "auto"])
 def test_garbage_worker_address_and_rkeys_never_crash(transport, worker, ucx_tls):
