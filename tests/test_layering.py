@@ -25,8 +25,8 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"(([a-z_]+)/[^"]+)"', re.M)
 # (from, to): edges that break the order today. Each names what it is for; none may be added.
 KNOWN = {
     ("transport", "link"): "backends read the verified facts and the peer's table on Link (Attach, PathFor, "
-                           "registry's ChoosePaths), guarded paths fail the link, tcp/ takes channels from "
-                           "the pool on Link",
+                           "registry's ChoosePaths), guarded paths fail the link, tcp/'s channel pool opens "
+                           "and closes the link's sockets (open_channel, SendCtrl, ForgetFd)",
 }
 
 

@@ -538,10 +538,10 @@ Status Linker::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing)
     DropLink(link);
     return st == LLM_TIMEOUT ? LLM_TIMEOUT : LLM_LINK_FAILED;
   }
+  RequestChannels *channels = ServedChannels(*link);  // set by ChoosePaths: never null here
+  if (channels->Reserve()) channels->Add(fwd);
   {
     std::lock_guard<std::mutex> g(link->mu);
-    link->idle.push_back(fwd);
-    link->requester_channels = 1;
     link->reverse_channels = 1;
   }
   host_->Spawn([this, link, rev] { host_->Serve(rev, link); });
@@ -626,33 +626,41 @@ void Linker::AcceptChannel(int fd, const Hello &hello, const Transcript &t, int6
     const Bind expect = BindFor(link->token, t);
     if (ConstantTimeEqual(expect.mac, bind.mac, sizeof(bind.mac))) st = LLM_SUCCESS;
   }
+  // A forward channel we serve, or a reverse one for our requests (the served backend's pool).
+  const bool fwd = hello.kind == ConnKind::kDataFwd;
+  RequestChannels *channels = st == LLM_SUCCESS ? ServedChannels(*link) : nullptr;
   if (st == LLM_SUCCESS) {
-    std::lock_guard<std::mutex> g(link->mu);
-    const int have = hello.kind == ConnKind::kDataFwd ? link->served_channels : link->requester_channels;
-    if (have >= kMaxRequesterChannels) {
+    bool took = false;
+    if (fwd) {
+      // The slot is taken under the same lock as the check: concurrent accepts cannot overshoot.
+      std::lock_guard<std::mutex> g(link->mu);
+      if ((took = link->served_channels < kMaxRequesterChannels)) ++link->served_channels;
+    } else {
+      took = channels != nullptr && channels->Reserve();
+    }
+    if (!took) {
       LogWarn("cluster %llu opened more than %d data channels; refusing another",
               static_cast<unsigned long long>(hello.cluster_id), kMaxRequesterChannels);
       st = LLM_LINK_FAILED;
-    } else {
-      // The slot is taken under the same lock as the check: concurrent accepts cannot overshoot.
-      ++(hello.kind == ConnKind::kDataFwd ? link->served_channels : link->requester_channels);
     }
   }
   if (SendFrame(fd, kBind, st, nullptr, 0, deadline) != IoResult::kOk || st != LLM_SUCCESS) {
-    if (st == LLM_SUCCESS) {
+    if (st == LLM_SUCCESS && fwd) {
       std::lock_guard<std::mutex> g(link->mu);
-      --(hello.kind == ConnKind::kDataFwd ? link->served_channels : link->requester_channels);
+      --link->served_channels;
+    } else if (st == LLM_SUCCESS) {
+      channels->Unreserve();
     }
     return drop();
   }
   host_->ForgetLoose(fd);
   link->AddFd(fd);
-  if (hello.kind == ConnKind::kDataFwd) {
+  if (fwd) {
     host_->Serve(fd, link);
     std::lock_guard<std::mutex> g(link->mu);
     --link->served_channels;
   } else {
-    link->AddRequesterChannel(fd);
+    channels->Add(fd);
   }
 }
 

@@ -24,10 +24,28 @@ struct Link;
 struct RemoteCache;
 struct TableEntry;
 
-// A backend's state for one peer (an endpoint, a pidfd, mappings); the link holds it for its life.
+// A backend's state for one peer (an endpoint, a pidfd, mappings, a pool of channels); the link
+// holds it for its life and tells it when it goes down.
 class PeerState {
  public:
   virtual ~PeerState() = default;
+  virtual void OnShutdown() {}  // the link's sockets were shut down: wake whoever waits on this state
+  virtual void OnFail() {}      // the link failed: let go of what it pooled (after OnShutdown)
+};
+
+// The data channels a link's served requests go out on: the served backend's state for the link,
+// reached by the link's other parts through this interface (registry.h ServedChannels).
+class RequestChannels : public PeerState {
+ public:
+  // A channel for one request: an idle one, else one more opened (opener side) or asked of the peer
+  // (OPEN_REVERSE); -1 with *st (LLM_TIMEOUT at `deadline`, LLM_NOT_YET_LINK once the link is down).
+  virtual int Acquire(int64_t deadline, llm_datadist::Status *st) = 0;
+  virtual void Release(int fd, bool reusable) = 0;  // back to the pool, or closed
+  virtual bool Reserve() = 0;    // a slot for one more channel; false at kMaxRequesterChannels
+  virtual void Unreserve() = 0;  // a reserved slot whose channel never came
+  virtual void Add(int fd) = 0;  // a reserved slot's channel, idle (one we opened, or the peer opened when asked)
+  virtual void Refused() = 0;    // the opener will not open the reverse channel we asked for
+  virtual int count() = 0;       // channels held (idle or in use)
 };
 
 // A backend's state for one engine (a worker that serves every link of it): made by NewEngineState

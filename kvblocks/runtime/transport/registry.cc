@@ -104,7 +104,11 @@ void ChoosePaths(Link *link) {
       link->attached.push_back(Attached{b, std::move(state)});
   }
   // Every peer is served, whatever it offered.
-  if (link->attached.empty() || link->attached.back().backend != served) link->attached.push_back(Attached{served, {}});
+  if (link->attached.empty() || link->attached.back().backend != served) {
+    std::shared_ptr<PeerState> state;
+    served->Attach(link, &state);
+    link->attached.push_back(Attached{served, std::move(state)});
+  }
   // Host memory on our side: the only kind a cache is registered with today.
   for (auto &kv : link->caches) {
     RemoteCache &rc = kv.second;
@@ -128,9 +132,20 @@ void AttachLater(Link *link, Backend *b, std::shared_ptr<PeerState> state, bool 
   link->attached.insert(it, Attached{b, std::move(state)});
 }
 
+namespace {
+PeerState *ServedState(const Link &link) {
+  Backend *served = Backends().back();
+  for (const Attached &a : link.attached)
+    if (a.backend == served) return a.state.get();
+  return nullptr;
+}
+}  // namespace
+
+RequestChannels *ServedChannels(const Link &link) { return dynamic_cast<RequestChannels *>(ServedState(link)); }
+
 std::shared_ptr<Path> ServedPath(Link *link, RemoteCache &rc) {
   Backend *served = Backends().back();
-  std::shared_ptr<Path> p = served->PathFor(link, nullptr, rc);
+  std::shared_ptr<Path> p = served->PathFor(link, ServedState(*link), rc);
   if (p) p->owner = served;
   return p;
 }

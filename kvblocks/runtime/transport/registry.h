@@ -65,6 +65,8 @@ void ChoosePaths(Link *link);
 // `b` attached to the link after ChoosePaths with `state`: it takes every cache still on a served
 // path (every cache when `all`) that it reaches.
 void AttachLater(Link *link, Backend *b, std::shared_ptr<PeerState> state, bool all);
+// The served backend's channel pool on the link; null only before ChoosePaths.
+RequestChannels *ServedChannels(const Link &link);
 // The served path (the last backend's) to a cache learned after linking.
 std::shared_ptr<Path> ServedPath(Link *link, RemoteCache &rc);
 // The link's paths for link_path and the logs: the backends that reach some cache one-sidedly,

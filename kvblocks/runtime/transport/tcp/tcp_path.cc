@@ -125,7 +125,8 @@ struct Pending {
 
 class TcpPath : public Path {
  public:
-  TcpPath(Link *link, int64_t cache_id) : link_(link), cache_id_(cache_id) {}
+  TcpPath(Link *link, std::shared_ptr<RequestChannels> channels, int64_t cache_id)
+      : link_(link), channels_(std::move(channels)), cache_id_(cache_id) {}
   const char *name() const override { return "tcp"; }
   PathMode mode() const override { return PathMode::kServed; }
   Status Execute(const Plan &plan, const LocalMemory &local, bool pull, int64_t deadline) override;
@@ -147,6 +148,7 @@ class TcpPath : public Path {
                           int64_t deadline, bool *reusable);
   Status Mismatch(const Plan &plan, const Piece &piece, const LocalMemory &local, bool pull, uint64_t pair) const;
   Link *link_;  // owns this path
+  std::shared_ptr<RequestChannels> channels_;  // the link's pool (the served backend's state on it)
   int64_t cache_id_;
 };
 
@@ -288,7 +290,7 @@ Status TcpPath::Execute(const Plan &plan, const LocalMemory &local, bool pull, i
                 "kvblocks); refusing to move the bytes unchecked",
                 static_cast<unsigned long long>(link_->remote_cluster_id));
   Status st;
-  const int fd = link_->AcquireChannel(deadline, &st);
+  const int fd = channels_->Acquire(deadline, &st);
   if (fd < 0) return st;
   bool reusable = true;
   st = LLM_SUCCESS;
@@ -316,7 +318,7 @@ Status TcpPath::Execute(const Plan &plan, const LocalMemory &local, bool pull, i
     st = Exchange(fd, iov, 2, pull, inline_data, total, deadline, &reusable);
     if (st != LLM_SUCCESS) break;
   }
-  link_->ReleaseChannel(fd, reusable);
+  channels_->Release(fd, reusable);
   if (st == LLM_LINK_FAILED && NowNs() >= deadline - Slack() && link_->alive.load()) st = LLM_TIMEOUT;
   return st;
 }
@@ -424,7 +426,7 @@ void TcpPath::ExecutePipelined(PipeFeed *feed) {
   PipeItem it;
   if (!feed->Next(&it)) return;
   Status st;
-  const int fd = link_->AcquireChannel(it.deadline, &st);
+  const int fd = channels_->Acquire(it.deadline, &st);
   if (fd < 0) {
     feed->Done(it, st);
     return;  // the rest stay queued and start on their own
@@ -463,13 +465,13 @@ void TcpPath::ExecutePipelined(PipeFeed *feed) {
     ClearLastError();
     feed->Done(p.item, Fail(LLM_LINK_FAILED, "an earlier transfer on the same data channel failed"));
   }
-  link_->ReleaseChannel(fd, !broken);
+  channels_->Release(fd, !broken);
 }
 
 }  // namespace
 
-std::unique_ptr<Path> MakeTcpPath(Link *link, int64_t remote_cache_id) {
-  return std::unique_ptr<Path>(new TcpPath(link, remote_cache_id));
+std::unique_ptr<Path> MakeTcpPath(Link *link, std::shared_ptr<RequestChannels> channels, int64_t remote_cache_id) {
+  return std::unique_ptr<Path>(new TcpPath(link, std::move(channels), remote_cache_id));
 }
 
 }  // namespace kvblocks
