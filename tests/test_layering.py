@@ -24,9 +24,9 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"(([a-z_]+)/[^"]+)"', re.M)
 
 # (from, to): edges that break the order today. Each names what it is for; none may be added.
 KNOWN = {
-    ("transport", "link"): "backends read the verified facts on Link; tcp/ takes channels from its pool",
-    ("transport", "cache"): "paths read CacheEntry (registered memory) directly",
-    ("transport", "plan"): "Path::Execute takes a Plan",
+    ("transport", "link"): "backends read the verified facts and the peer's table on Link (Attach, PathFor, "
+                           "registry's ChoosePaths), guarded paths fail the link, tcp/'s channel pool opens "
+                           "and closes the link's sockets (open_channel, SendCtrl, ForgetFd)",
 }
 
 

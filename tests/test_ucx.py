@@ -429,9 +429,11 @@ def _entry(cid, addrs, tensor_bytes=4096):
 
 
 def _ucx_info(worker, caches):
-    """A UCX_INFO payload of the caller's making: worker address, then (cache id, rkeys, key_of)."""
+    """A UCX_INFO frame's payload of the caller's making: the backend id, worker address, then (cache id,
+    rkeys, key_of)."""
     import struct
-    out = struct.pack("<I", len(worker)) + worker + struct.pack("<I", len(caches))
+    from hostile import UCX_ID
+    out = bytes([UCX_ID]) + struct.pack("<I", len(worker)) + worker + struct.pack("<I", len(caches))
     for cid, rkeys, key_of in caches:
         out += struct.pack("<qI", cid, len(rkeys)) + b"".join(struct.pack("<I", len(k)) + k for k in rkeys)
         out += struct.pack("<I", len(key_of)) + b"".join(struct.pack("<I", k) for k in key_of)
@@ -473,6 +475,24 @@ def test_malformed_ucx_info_refuses_the_link(what):
     me = _engine(1, transport="ucx")
     try:
         assert me.link_llm_clusters([cluster(77, h.port)]) == [kb.Status.LLM_LINK_FAILED]
+    finally:
+        me.finalize()
+        h.close()
+
+
+@needs_ucx
+@pytest.mark.parametrize("frame", ["ucx", "another backend's", "empty"])
+def test_backend_attach_frame_for_another_backend_refuses_the_link(frame):
+    """Contract: a BACKEND_ATTACH frame whose id byte is not the backend expected next (or that has
+    no id) is refused like a malformed one. Under auto the sound frame with a garbage worker only
+    keeps the link off UCX (the control: it links), so the refusal is the id's alone."""
+    good = _ucx_info(JUNK, [(5, [JUNK], [0, 0])])
+    payload = {"ucx": good, "another backend's": bytes([6]) + good[1:], "empty": b""}[frame]
+    h = _hostile(_entry(5, [0x10, 0x20]), payload)
+    me = _engine(1, transport="auto")
+    try:
+        rets = me.link_llm_clusters([cluster(77, h.port)])
+        assert rets == [kb.Status.LLM_SUCCESS if frame == "ucx" else kb.Status.LLM_LINK_FAILED]
     finally:
         me.finalize()
         h.close()
@@ -537,9 +557,11 @@ def test_ucx_descriptors_go_only_to_ucx_peers_after_confirm(peer_caps):
         else:
             assert types.index(UCX_INFO) > types.index(CONFIRM)
             import struct
+            from hostile import UCX_ID
             payload = next(p for t, p in h.received if t == UCX_INFO)
-            wlen, = struct.unpack_from("<I", payload, 0)
-            count, cid = struct.unpack_from("<Iq", payload, 4 + wlen)
+            assert payload[0] == UCX_ID
+            wlen, = struct.unpack_from("<I", payload, 1)
+            count, cid = struct.unpack_from("<Iq", payload, 5 + wlen)
             assert wlen > 0 and (count, cid) == (1, c.cache_id)  # our worker and the cache's rkeys
     finally:
         me.finalize()
@@ -566,8 +588,8 @@ def test_ucx_descriptors_as_acceptor(peer_caps):
         if peer_caps == "ucx":
             send_frame(s, UCX_INFO, _ucx_info(b"", []))
             t, _, info = recv_frame(s)
-            wlen, = struct.unpack_from("<I", info, 0)
-            assert t == UCX_INFO and wlen > 0 and struct.unpack_from("<Iq", info, 4 + wlen) == (1, c.cache_id)
+            wlen, = struct.unpack_from("<I", info, 1)
+            assert t == UCX_INFO and info[0] == 7 and wlen > 0 and struct.unpack_from("<Iq", info, 5 + wlen) == (1, c.cache_id)
         t, status, _ = recv_frame(s)
         assert (t, status) == (CONFIRM_ACK, 0)
         s.close()

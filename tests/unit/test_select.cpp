@@ -19,7 +19,7 @@ class StandInPath : public Path {
   explicit StandInPath(const char *name, PathMode mode) : name_(name), mode_(mode) {}
   const char *name() const override { return name_; }
   PathMode mode() const override { return mode_; }
-  llm_datadist::Status Execute(const Plan &, const CacheEntry &, bool, int64_t) override { return 0; }
+  llm_datadist::Status Execute(const Plan &, const LocalMemory &, bool, int64_t) override { return 0; }
 
  private:
   const char *name_;
@@ -37,7 +37,8 @@ class StandIn : public Backend {
   bool Serves(MemKind local, MemKind remote) const override {
     return local == MemKind::kHost && remote == remote_kind_;
   }
-  bool Offered(const OfferOptions &) const override { return true; }
+  const char *transport_option() const override { return name_; }
+  bool Offered(const BackendOptions &) const override { return true; }
   bool Attach(Link *, std::shared_ptr<PeerState> *) override { return true; }
   std::shared_ptr<Path> PathFor(Link *, PeerState *, RemoteCache &rc) override {
     ++asked;

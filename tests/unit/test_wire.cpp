@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Wire messages (kvblocks/runtime/wire/): every message round-trips through its one encoder and one
+// Wire messages (kvblocks/runtime/wire/, and the backends' own, transport/<name>/): every message round-trips through its one encoder and one
 // decoder; every strict prefix, and random corruption, is refused or decodes to a message that
 // re-encodes stably, never a crash or an allocation the bytes did not pay for.
 #include <cstring>
@@ -9,6 +9,7 @@
 #include "unit.h"
 #include "wire/codec.h"
 #include "wire/messages.h"
+#include "transport/ucx/ucx_info.h"
 
 using namespace kvblocks;  // NOLINT: test code
 using unit::Rand;
@@ -120,6 +121,10 @@ void Random(CacheInfo *m) {
   m->found = Rand(2);
   if (m->found) m->entry = RandomEntry(m->cache_id);
 }
+void Random(BackendAttach *m) {
+  m->backend = static_cast<uint8_t>(Rand(64));
+  m->data = Text(300);
+}
 void Random(UcxInfo *m) {
   m->worker = Text(200);
   if (m->worker.empty()) return;  // no worker, no caches
@@ -185,6 +190,11 @@ TEST(wire_notify_round_trip_prefixes_and_corruption) { Exercise<Notify>(40); }
 TEST(wire_key_ref_round_trip_prefixes_and_corruption) { Exercise<KeyRef>(100); }
 TEST(wire_cache_info_round_trip_prefixes_and_corruption) { Exercise<CacheInfo>(100); }
 TEST(wire_ucx_info_round_trip_prefixes_and_corruption) { Exercise<UcxInfo>(60); }
+// Opaque after its id byte: every prefix that keeps the id is a (shorter) valid frame; the backend's
+// own decoder judges the data (UcxInfo above).
+TEST(wire_backend_attach_round_trip_prefixes_and_corruption) {
+  Exercise<BackendAttach>(60, [](size_t len) { return len >= 1; });
+}
 TEST(wire_crc_mismatch_round_trip_prefixes_and_corruption) { Exercise<CrcMismatch>(100); }
 TEST(wire_cache_query_round_trip_prefixes_and_corruption) {
   std::string by_id;

@@ -85,14 +85,4 @@ void RetireCache(CacheEntry *e, int64_t deadline) {
   e->removed = true;
 }
 
-ServingFd::ServingFd(CacheEntry *e, int fd) : e_(e), fd_(fd) {
-  std::lock_guard<std::mutex> g(e_->serving_mu);
-  e_->serving_fds.insert(fd_);
-}
-
-ServingFd::~ServingFd() {
-  std::lock_guard<std::mutex> g(e_->serving_mu);
-  e_->serving_fds.erase(e_->serving_fds.find(fd_));
-}
-
 }  // namespace kvblocks

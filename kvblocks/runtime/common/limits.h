@@ -39,7 +39,7 @@ constexpr size_t kMaxLocalName = 64;                  // abstract Unix socket na
 constexpr size_t kMaxLocalFds = 250;                  // memfds passed in one SCM_RIGHTS message (kernel: 253)
 // A link's cache table, as the peer announced it at link time: at most kMaxLinkCaches entries and
 // kMaxLinkTableBytes of decoded state (TableFootprint: kTableEntryBytes an entry, for the entry, its
-// liveness record and map node, plus its addresses, keys and UCX blobs). An entry is at least 55
+// liveness record and map node, plus its addresses and keys). An entry is at least 55
 // bytes on the wire, so the state is at most ~14x the bytes received (16,384 minimal entries: 0.9 MiB
 // sent, 12 MiB held), and at most 32 MiB a link;
 // caches learned later (CACHE_QUERY) have a budget of their own of the same size.
@@ -47,7 +47,6 @@ constexpr uint32_t kMaxLinkCaches = 16384;
 constexpr uint64_t kTableEntryBytes = 768;  // measured: ~760 bytes of RSS an entry
 constexpr uint64_t kMaxLinkTableBytes = 32ULL << 20;
 constexpr uint32_t kMaxTableTensors = 1U << 20;
-constexpr uint32_t kMaxUcxBlob = 1U << 16;  // a UCP worker address or packed rkey in UCX_INFO
 
 // ---- links and handshakes
 constexpr int64_t kHandshakeNs = 10 * kSecNs;  // bound on an authenticated peer that stalls mid-handshake
@@ -75,7 +74,7 @@ constexpr int64_t kMaxServeNs = 600 * kSecNs; // no request holds a serving thre
 
 // ---- streams
 // A receive of at least kLowatMinBytes asks the kernel to wake it only once kRecvLowatBytes have
-// arrived (SO_RCVLOWAT): fewer wake-ups and fuller recvmsg calls, +10-20 % on loopback TCP.
+// arrived (SO_RCVLOWAT): fewer wake-ups and fuller recvmsg calls, +10-20 % on a loopback link.
 constexpr uint64_t kRecvLowatBytes = 2ULL << 20;
 constexpr uint64_t kLowatMinBytes = 2 * kRecvLowatBytes;
 // One sendmsg/recvmsg moves at most this much. The kernel pushes a write's segments and the reader
@@ -95,7 +94,7 @@ constexpr int64_t kPoolSpinNs = 100 * 1000;  // a copy thread's watch for the ne
 
 // ---- asynchronous transfers
 // Worker threads executing submitted transfers, started as needed: enough to keep the channel pool
-// of two TCP links busy (kMaxRequesterChannels each); same-host copies share them.
+// of two links on the served path busy (kMaxRequesterChannels each); same-host copies share them.
 constexpr size_t kMaxAsyncThreads = 2 * kMaxRequesterChannels;
 // One idle worker polls the queue this long before sleeping, so a burst of submissions costs no
 // wake-up system call each (a futex wake is 1-5 us on a loaded machine; a submission ~1 us).

@@ -46,7 +46,7 @@ struct TransferState {
 //
 // Wake-ups cost a system call on the submitting thread, so a job wakes no one when a worker will
 // take it anyway: one spinning on the queue, one finishing a short job, or the pipelined run of its
-// key. Jobs with a pipeline key (small TCP transfers to one peer) are run together by one worker
+// key. Jobs with a pipeline key (small served transfers to one peer) are run together by one worker
 // on one channel (Path::ExecutePipelined), which keeps taking newly queued jobs of its key.
 class AsyncPool {
  public:

@@ -142,7 +142,7 @@ Status Impl::RemoveCacheHeld(int64_t cache_id) {
   return LLM_SUCCESS;
 }
 
-// Same-host peers may read and write this cache's memory directly (mapped memfd, CMA, another
+// Same-host peers may read and write this cache's memory directly (a mapped memfd, process_vm_*, another
 // engine of this process). Before the caller may free it, each must confirm it stopped:
 // CACHE_GONE waits for their in-flight copies. A peer that does not confirm by `deadline` fails
 // the call with LLM_TIMEOUT; it stays linked, so a later retry completes once it answers. Links

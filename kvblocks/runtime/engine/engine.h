@@ -51,7 +51,6 @@ class LayerPool;
 struct LayerItem;
 struct LayerPushState;
 struct Plan;
-class UcxContext;
 class TlsContext;
 // Frees a Transfer (defined in transfer.cc) on the thread that holds its locks.
 struct TransferFree {
@@ -154,7 +153,7 @@ class Impl : private LinkerHost {
   // links.cc: LinkerHost, what the linker (link/linker.h) asks of the engine
   std::vector<TableEntry> DescribeCaches() override;
   void AddMemfds(const std::vector<TableEntry> &shown, LocalFds *out, std::vector<std::shared_ptr<void>> *keep) override;
-  void AnnounceUcx(const std::shared_ptr<UcxContext> &ctx, TableEntry *entry) override;
+  std::shared_ptr<LocalMemory> OurCache(int64_t id) override;
   bool Spawn(std::function<void()> fn) override;  // lifecycle.cc
   void Serve(int fd, const std::shared_ptr<struct Link> &link) override;
   void TrackLoose(int fd) override;

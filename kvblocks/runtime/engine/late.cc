@@ -3,7 +3,7 @@
 // names it; kvblocks exchanges cache tables at link time, so a cache id that table lacks is asked
 // for once over the link's (authenticated) control connection: CACHE_QUERY, answered by one table
 // entry or none in CACHE_INFO, decoded with the link-time table's checks. The entry is added to the
-// link (Link::late) and reached over TCP, whose serving side checks every request against its own
+// link (Link::late) and reached over the served path, whose serving side checks every request against its own
 // cache table: nothing the answer says is trusted for a one-sided copy. A link keeps at most
 // kMaxLateCaches of them (Link::AddLate); transfers hold theirs by shared_ptr. Lookups by key
 // (CANN's CacheKey, BlocksCacheKey) that neither table answers ask the same way by key (query kinds
@@ -121,8 +121,8 @@ Status LateCaches::AskPeer(const std::shared_ptr<Link> &link, uint8_t kind, int6
 // The peer asks for one of our caches. Answered with what the link-time table would say of it now,
 // or with none for a cache that is unknown or being unregistered. The table lock is held while the
 // entry is read (SetBatchKeys), not while it is sent: a peer that stops reading must not delay an
-// unregister. An answer that crosses an unregister is harmless: the peer reaches the cache over TCP
-// only, and we serve no request for a removed cache.
+// unregister. An answer that crosses an unregister is harmless: the peer reaches the cache over the
+// served path only, and we serve no request for a removed cache.
 void LateCaches::AnswerQuery(Link *link, const std::string &payload) {
   CacheQuery q;
   if (!Decode(payload, &q)) return;  // malformed: nothing to answer
@@ -200,13 +200,9 @@ void LateCaches::OnInfo(Link *link, const std::string &payload) {
             static_cast<unsigned long long>(link->remote_cluster_id), static_cast<long long>(info.entry.id));
     it->second.status = kLateMalformed;
   } else {
-    // Only TCP reaches a late cache: its memfd was not exchanged, and no address or rkey learned on
-    // the control connection is used for a one-sided copy.
-    TableEntry &e = info.entry;
-    e.ucx_worker.clear();
-    e.ucx_rkeys.clear();
-    e.ucx_key_of.clear();
-    auto rc = std::make_shared<RemoteCache>(std::move(e));
+    // Only the served path reaches a late cache: its memfd was not exchanged, no attach data comes
+    // for it, and no address learned on the control connection is used for a one-sided copy.
+    auto rc = std::make_shared<RemoteCache>(std::move(info.entry));
     rc->path = ServedPath(link, *rc);
     // A cache of the link-time table whose key was bound after linking is reached through that
     // table (by id); only caches it lacks are kept.

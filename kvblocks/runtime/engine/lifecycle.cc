@@ -113,16 +113,12 @@ Impl::~Impl() {
 
 namespace {
 // kvblocks.Encryption: "none" (default) or "tls", with the token or the certificate files as keys.
-// UCX is refused with it: UCX's own transports would carry the blocks in clear.
+// A backend that cannot honour it refuses it first (Backend::CheckOptions).
 template <typename Get>
-Status TlsOption(Get &get, const std::string &token, const std::string &transport, bool ucx_trusted,
-                 std::shared_ptr<TlsContext> *out) {
+Status TlsOption(Get &get, const std::string &token, std::shared_ptr<TlsContext> *out) {
   std::string v;
   if (!get(OPTION_ENCRYPTION, &v) || v == "none") return LLM_SUCCESS;
   if (v != "tls") return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use none or tls", OPTION_ENCRYPTION, v.c_str());
-  if (transport == "ucx" || ucx_trusted)
-    return Fail(LLM_PARAM_INVALID, "option %s=tls cannot be used with UCX (%s=ucx or %s=1): UCX would carry the "
-                "blocks unencrypted", OPTION_ENCRYPTION, OPTION_TRANSPORT, OPTION_UCX_TRUSTED_NETWORK);
   TlsConfig cfg;
   cfg.token = token;
   get(OPTION_TLS_CERT_FILE, &cfg.cert);
@@ -171,17 +167,17 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
     if (!ParseUint(v, 0x7FFFFFFF, &ms))
       return Fail(LLM_PARAM_INVALID, "option %s=\"%s\" is not a number of ms", OPTION_SYNC_CACHE_WAIT_TIME,
                   v.c_str());
-    // CANN's digit check lets "0" through, and then every TCP transfer times out: refused here.
+    // CANN's digit check lets "0" through, and then every served transfer times out: refused here.
     if (ms == 0)
       return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": a 0 ms deadline fails every transfer; give at least 1 ms "
                   "(default %lld)", OPTION_SYNC_CACHE_WAIT_TIME, v.c_str(), static_cast<long long>(kDefaultWaitMs));
     wait_ms = static_cast<int64_t>(ms);
   }
-  std::string transport = "auto";
+  BackendOptions bo;  // what the backends decide on (transport/backend.h)
   if (get(OPTION_TRANSPORT, &v)) {
-    if (v != "auto" && v != "shm" && v != "tcp" && v != "ucx")
-      return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use auto, shm, tcp or ucx", OPTION_TRANSPORT, v.c_str());
-    transport = v;
+    if (!KnownTransport(v))
+      return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use %s", OPTION_TRANSPORT, v.c_str(), TransportChoices().c_str());
+    bo.transport = v;
   }
   std::string token;
   if (!get(OPTION_AUTH_TOKEN, &token)) {
@@ -201,45 +197,32 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
     if (v != "0" && v != "1") return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use 0 or 1", OPTION_ROLE_CHECK, v.c_str());
     role_check = v == "1";
   }
-  bool ucx_trusted = false;  // UCX's RMA serves any address to anyone reaching the worker (README)
+  // One-sided RMA over the network serves any address to anyone reaching it (README, threat model).
   if (get(OPTION_UCX_TRUSTED_NETWORK, &v)) {
     if (v != "0" && v != "1")
       return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use 0 or 1", OPTION_UCX_TRUSTED_NETWORK, v.c_str());
-    ucx_trusted = v == "1";
+    bo.trusted_network = v == "1";
   }
-  bool integrity = false;  // the caller's side decides; a peer that cannot check is refused (transport/tcp/)
+  // The caller's side decides; a peer that cannot check is refused (the served backend's).
   if (get(OPTION_INTEGRITY, &v)) {
     if (v != "none" && v != "crc32c")
       return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use none or crc32c", OPTION_INTEGRITY, v.c_str());
-    integrity = v == "crc32c";
+    bo.integrity = v == "crc32c";
   }
-  // UCX moves bytes one-sided (RMA): no peer reads the source, so nothing could compute the CRC.
-  if (integrity && transport == "ucx")
-    return Fail(LLM_PARAM_INVALID, "option %s=crc32c needs a served path: use %s=tcp or auto (UCX's one-sided RMA "
-                "is never checked)", OPTION_INTEGRITY, OPTION_TRANSPORT);
-  if (transport == "ucx") {
-    // The worker itself starts with the first UCX link, bound to that link's interface.
-    std::string why;
-    if (!ucx_trusted)
-      return Fail(LLM_PARAM_INVALID,
-                  "option %s=ucx needs %s=1: UCX's software RMA lets any host that reaches the worker read and "
-                  "write this whole process; use it only on a network you trust",
-                  OPTION_TRANSPORT, OPTION_UCX_TRUSTED_NETWORK);
-    if (!FindBackend(transport)->Available(&why)) return Fail(LLM_PARAM_INVALID, "option %s=ucx: %s", OPTION_TRANSPORT, why.c_str());
-  }
+  get(OPTION_ENCRYPTION, &bo.encryption);  // its value is checked by TlsOption, after the backends'
+  const Status backend_st = CheckBackendOptions(bo);
+  if (backend_st != LLM_SUCCESS) return backend_st;
   std::shared_ptr<TlsContext> tls;
-  const Status tls_st = TlsOption(get, token, transport, ucx_trusted, &tls);
+  const Status tls_st = TlsOption(get, token, &tls);
   if (tls_st != LLM_SUCCESS) return tls_st;
   stopping_.store(false);
   LinkerOptions lo;
   lo.tls = tls;
   lo.local_comm_res = options.count(AscendString(OPTION_LOCAL_COMM_RES)) != 0;
-  lo.transport = transport;
+  lo.backends = bo;
   lo.auth_token = token;
   lo.max_links = max_links;
   lo.max_links_per_peer = per_peer;
-  lo.ucx_trusted = ucx_trusted;
-  lo.integrity = integrity;
   linker_.Configure(lo);
   wait_time_ms_ = wait_ms;
   role_check_ = role_check;

@@ -6,7 +6,6 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "transport/path.h"
-#include "transport/ucx/ucx_path.h"
 
 namespace kvblocks {
 
@@ -96,10 +95,7 @@ void Impl::AddMemfds(const std::vector<TableEntry> &shown, LocalFds *out, std::v
   }
 }
 
-void Impl::AnnounceUcx(const std::shared_ptr<UcxContext> &ctx, TableEntry *entry) {
-  auto e = caches_.Find(entry->id);
-  if (e) UcxAnnounce(ctx, e.get(), entry);
-}
+std::shared_ptr<LocalMemory> Impl::OurCache(int64_t id) { return caches_.Find(id); }
 
 void Impl::Serve(int fd, const std::shared_ptr<struct Link> &link) { ServeChannel(fd, link.get(), caches_); }
 

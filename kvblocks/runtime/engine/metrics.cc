@@ -4,6 +4,7 @@
 #include "engine/engine.h"
 #include "engine/transfer.h"
 #include "metrics/stats.h"
+#include "transport/registry.h"
 
 namespace kvblocks {
 
@@ -39,8 +40,10 @@ void Impl::Metrics(EngineMetrics *out) {
   });
   std::map<uint64_t, int> live;
   for (const auto &link : links_.Alive()) {
+    RequestChannels *channels = ServedChannels(*link);
+    const int requester = channels != nullptr ? channels->count() : 0;
     std::lock_guard<std::mutex> g(link->mu);
-    live[link->remote_cluster_id] = link->requester_channels + link->reverse_channels + link->served_channels;
+    live[link->remote_cluster_id] = requester + link->reverse_channels + link->served_channels;
   }
   stats_.Snapshot(out, live);
 }

@@ -9,6 +9,7 @@
 #include "common/limits.h"
 #include "common/util.h"
 #include "net/socket.h"
+#include "transport/registry.h"
 
 namespace kvblocks {
 
@@ -76,7 +77,8 @@ ControlChannel::ControlChannel(LinkRegistry *links) : links_(links) {
     return true;
   });
   On(kReverseRefused, [](const std::shared_ptr<Link> &link, const FrameHeader &, const std::string &) {
-    if (!link->opener) link->ReverseRefused();
+    RequestChannels *channels = ServedChannels(*link);
+    if (!link->opener && channels != nullptr) channels->Refused();
     return true;
   });
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Link bookkeeping: sockets, the channel pool and failure.
+// Link bookkeeping: sockets, the late caches and failure.
 #include "link/link.h"
 
 #include <poll.h>
@@ -31,21 +31,20 @@ void Link::ForgetFd(int fd) {
 }
 
 void Link::Shutdown() {
-  std::lock_guard<std::mutex> g(mu);
-  for (int fd : fds) shutdown(fd, SHUT_RDWR);
-  cv.notify_all();
+  {
+    std::lock_guard<std::mutex> g(mu);
+    for (int fd : fds) shutdown(fd, SHUT_RDWR);
+    cv.notify_all();
+  }
+  for (const Attached &a : attached)  // set before the link is used, never changed after
+    if (a.state) a.state->OnShutdown();
 }
 
 void Link::Fail() {
   if (alive.exchange(false) && registered.load() && stats) CountEnd();
   Shutdown();
-  std::vector<int> closing;
-  {
-    std::lock_guard<std::mutex> g(mu);
-    closing.swap(idle);
-    requester_channels -= static_cast<int>(closing.size());
-  }
-  for (int fd : closing) ForgetFd(fd);
+  for (const Attached &a : attached)
+    if (a.state) a.state->OnFail();
 }
 
 // A link that was up ends: an unlink when one was acknowledged, else a break.
@@ -84,74 +83,6 @@ Link::~Link() {
   local.Release();
   if (local.pidfd >= 0) close(local.pidfd);
   for (int fd : fds) CloseConn(fd);  // channels left behind by a failed link or a late reverse channel
-}
-
-int Link::AcquireChannel(int64_t deadline, Status *st) {
-  std::unique_lock<std::mutex> g(mu);
-  for (;;) {
-    if (!alive.load()) {
-      *st = LLM_NOT_YET_LINK;
-      return -1;
-    }
-    if (!idle.empty()) {
-      const int fd = idle.back();
-      idle.pop_back();
-      return fd;
-    }
-    if (opener && requester_channels < kMaxRequesterChannels) {
-      ++requester_channels;
-      g.unlock();
-      const int fd = open_channel(ConnKind::kDataFwd, deadline, st);
-      g.lock();
-      if (fd < 0) {
-        --requester_channels;
-        if (*st != LLM_TIMEOUT) *st = LLM_LINK_FAILED;
-      }
-      return fd;
-    }
-    const int64_t since_refusal = NowNs() - reverse_refused_at;
-    if (!opener && requester_channels + pending_reverse < kMaxRequesterChannels && since_refusal >= kReverseRetryNs) {
-      // Only the opener can connect; ask it for another reverse channel over the control link.
-      ++pending_reverse;
-      g.unlock();
-      SendCtrl(kOpenReverse, deadline);
-      g.lock();
-    }
-    int64_t left = deadline - NowNs();
-    if (left <= 0) {
-      *st = LLM_TIMEOUT;
-      return -1;
-    }
-    if (!opener && since_refusal < kReverseRetryNs) left = std::min(left, kReverseRetryNs - since_refusal);
-    cv.wait_for(g, std::chrono::nanoseconds(left));
-  }
-}
-
-void Link::ReverseRefused() {
-  std::lock_guard<std::mutex> g(mu);
-  if (pending_reverse > 0) --pending_reverse;
-  reverse_refused_at = NowNs();
-  cv.notify_all();
-}
-
-void Link::ReleaseChannel(int fd, bool reusable) {
-  {
-    std::lock_guard<std::mutex> g(mu);
-    if (reusable && alive.load()) {
-      idle.push_back(fd);
-      cv.notify_one();
-      return;
-    }
-    --requester_channels;
-  }
-  ForgetFd(fd);
-}
-
-void Link::AddRequesterChannel(int fd) {
-  std::lock_guard<std::mutex> g(mu);
-  idle.push_back(fd);  // its slot in requester_channels was taken when it was accepted
-  if (pending_reverse > 0) --pending_reverse;
-  cv.notify_all();
 }
 
 std::shared_ptr<RemoteCache> Link::FindCache(int64_t id) {

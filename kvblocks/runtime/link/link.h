@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// A link to one peer: its cache table as seen at link time, the path to each cache, the control
-// connection and the pool of data channels.
+// A link to one peer: its cache table as seen at link time, the path to each cache, the backends
+// attached to it (each with its state: the served backend's is the pool of data channels) and the
+// control connection.
 #ifndef KVBLOCKS_RUNTIME_LINK_LINK_H_
 #define KVBLOCKS_RUNTIME_LINK_LINK_H_
 
@@ -65,7 +66,7 @@ struct Link {
   PeerIdentity peer;          // claimed: hints only
   LocalPeer local;            // kernel-verified same-host peer (pid, pidfd, memfds); pid 0 when none
   uint64_t capabilities = 0;  // offered by both sides
-  bool integrity = false;     // kvblocks.Integrity=crc32c on our side: our TCP requests carry CRC32C
+  bool integrity = false;     // kvblocks.Integrity=crc32c on our side: our served requests carry CRC32C
   bool same_process = false;  // verified: the peer proved it is an engine of this process
   bool same_host = false;     // verified: same_process or local.pid
   // The backends that may reach the peer, most preferred first, each with its state for this peer
@@ -74,7 +75,7 @@ struct Link {
   std::map<int64_t, RemoteCache> caches;  // immutable once the link is registered: read without locks
   std::set<int64_t> shown;  // our cache ids in the table the peer got (set before the link is used)
   // Caches the peer registered after linking, learned one at a time on first use (CACHE_QUERY,
-  // engine/late.cc) and reached over TCP only. At most kMaxLateCaches: the oldest is forgotten
+  // engine/late.cc) and reached over the served path only. At most kMaxLateCaches: the oldest is forgotten
   // (asked for again when next used), and one the peer unregistered (CACHE_GONE) at once. A
   // transfer holds its entry by shared_ptr, so forgetting one never pulls it from under a transfer.
   std::shared_mutex late_mu;
@@ -90,19 +91,15 @@ struct Link {
   bool Shown(int64_t id);  // `shown` or `late_shown`
   // The peer has closed (or reset) the control connection, though ControlChannel::Run may not have seen it yet.
   bool CtrlClosedByPeer();
-  ChannelOpener open_channel;  // opener side: connects and authenticates one more channel
+  ChannelOpener open_channel;  // opener side: connects and authenticates one more data channel
   // Address-based transfers (engine/ranges.cc): `caches` sorted by announced address, built once.
   std::once_flag by_addr_once;
   std::vector<std::pair<uint64_t, const RemoteCache *>> by_addr;
 
   std::mutex mu;  // guards the fields below
   std::condition_variable cv;
-  std::vector<int> idle;  // our requester channels not in use
   std::set<int> fds;      // every socket of this link, for shutdown
-  int requester_channels = 0;
   int reverse_channels = 0;  // opener: channels it serves for the acceptor
-  int pending_reverse = 0;    // OPEN_REVERSE sent, neither opened nor refused yet
-  int64_t reverse_refused_at = 0;
   int served_channels = 0;    // acceptor: forward channels it serves
   bool linked_by_us = false;  // LinkLlmClusters returned success for it here (else: accepted only)
   bool unlink_acked = false;  // UNLINK_ACK, or the peer's own UNLINK
@@ -124,18 +121,13 @@ struct Link {
 
   void AddFd(int fd);
   void ForgetFd(int fd);  // closes it
-  void Shutdown();        // wakes every blocked I/O on the link
-  void Fail();            // marks it dead, wakes everyone and closes idle channels
+  void Shutdown();        // wakes every blocked I/O on the link (and the attached backends' waiters)
+  void Fail();            // marks it dead, wakes everyone; the attached backends let go (idle channels)
   void CountEnd();        // in the peer's metrics: an unlink or a break
   // Sends a control frame unless the control connection is already closed (ctrl_fd = -1).
   bool SendCtrl(uint16_t type, int64_t deadline, const std::string &payload = std::string());
   void CloseCtrl();  // closes ctrl_fd under ctrl_write_mu, so no writer can hit a reused fd
-  // A data channel for one request, opened or requested from the peer when none is idle.
-  int AcquireChannel(int64_t deadline, llm_datadist::Status *st);
-  void ReleaseChannel(int fd, bool reusable);
-  void AddRequesterChannel(int fd);  // a reverse channel the opener opened for us (already counted)
-  void ReverseRefused();             // the opener will not open one we asked for
-  std::string PathName() const;      // DescribePaths: "inprocess", "shm", "cma", "shm+cma", "ucx" or "tcp"
+  std::string PathName() const;      // DescribePaths: backend names joined by "+"
   ~Link();
 };
 

@@ -22,7 +22,6 @@
 #include "transport/local_peer.h"
 #include "transport/registry.h"
 #include "transport/select.h"
-#include "transport/ucx/ucx_path.h"
 
 namespace kvblocks {
 
@@ -37,8 +36,8 @@ Linker::Linker(uint64_t cluster_id, LinkerHost *host, LinkRegistry *links, Contr
 }
 
 void Linker::Finalize() {
-  std::lock_guard<std::mutex> g(ucx_mu_);
-  ucx_.reset();  // gone once the last endpoint and registration let go of it
+  std::lock_guard<std::mutex> g(engine_states_mu_);
+  engine_states_.clear();  // each gone once the last link and registration let go of it
 }
 
 void Linker::DropLink(const std::shared_ptr<Link> &link) {
@@ -68,71 +67,85 @@ bool RecvTyped(int fd, uint16_t type, int64_t deadline, FrameHeader *h, std::str
 }  // namespace
 
 void Linker::FillLinkInfo(LinkInfo *info) {
-  info->capabilities = OfferedCapabilities(OfferOptions{opt_.transport, opt_.ucx_trusted && !opt_.integrity});
+  info->capabilities = OfferedCapabilities(opt_.backends);
   FillIdentity(instance_token_, &probe_value_, &info->identity);
   info->clock_ns = NowNs();
-  info->caches = host_->DescribeCaches();  // never with UCX descriptors: those go in UCX_INFO (SendUcxInfo)
+  info->caches = host_->DescribeCaches();  // never with attach data: that goes in BACKEND_ATTACH (SendAttachData)
   RandomBytes(info->local_key, sizeof(info->local_key));
 }
 
-// The worker starts with the first UCX link, on the interface of that link's control connection
-// (an acceptor's: its listen address); it stays there for later links.
-std::shared_ptr<UcxContext> Linker::Ucx(int fd, std::string *why) {
-  std::lock_guard<std::mutex> g(ucx_mu_);
-  if (ucx_ || !host_->Running()) return ucx_;
-  const std::string devices = UcxDevicesOf(fd, why);
-  if (!devices.empty()) ucx_ = MakeUcxContext(devices, why);
-  return ucx_;
+AttachEnv Linker::EnvFor(const Backend *b, int fd) {
+  AttachEnv env;
+  env.ctrl_fd = fd;
+  env.find_cache = [this](int64_t id) { return host_->OurCache(id); };
+  std::lock_guard<std::mutex> g(engine_states_mu_);
+  auto it = engine_states_.find(b);
+  if (it == engine_states_.end() && host_->Running()) it = engine_states_.emplace(b, b->NewEngineState()).first;
+  if (it != engine_states_.end()) env.engine = it->second;
+  return env;
 }
 
-// Our worker address and the rkeys of `shown` (our link-time table), for a peer that offered UCX and
-// sent CONFIRM. Empty when `refuse` or when no worker could be made.
-Status Linker::SendUcxInfo(int fd, const std::vector<TableEntry> &shown, bool refuse, int64_t deadline) {
-  UcxInfo info;
-  std::string why;
-  auto ctx = refuse ? nullptr : Ucx(fd, &why);
-  for (TableEntry t : shown) {
-    if (ctx) host_->AnnounceUcx(ctx, &t);
-    if (t.ucx_key_of.empty()) continue;
-    info.worker = t.ucx_worker;
-    info.caches.push_back(UcxCacheKeys{t.id, std::move(t.ucx_rkeys), std::move(t.ucx_key_of)});
+// Each backend both sides offered that exchanges attach data: ours for this link, from `shown` (our
+// link-time table), only after the peer's CONFIRM. The form that offers nothing when `refuse`.
+Status Linker::SendAttachData(int fd, const Link &link, const std::vector<TableEntry> &shown, bool refuse,
+                              int64_t deadline) {
+  for (Backend *b : AttachExchangers(link.capabilities)) {
+    BackendAttach m;
+    m.backend = BackendId(*b);
+    m.data = b->AttachData(EnvFor(b, fd), shown, refuse);
+    const IoResult ir = SendMessage(fd, kBackendAttach, LLM_SUCCESS, m, deadline);
+    if (ir != IoResult::kOk) return StatusOf(ir);
   }
-  std::string out;
-  Encode(info, &out);
-  const IoResult ir = SendFrame(fd, kUcxInfo, LLM_SUCCESS, out, deadline);
-  return ir == IoResult::kOk ? LLM_SUCCESS : StatusOf(ir);
+  return LLM_SUCCESS;
 }
 
-// The peer's UCX_INFO into the link's caches. False when it did not come, or is malformed or does
-// not match the peer's table (*st says which).
-bool Linker::RecvUcxInfo(int fd, Link *link, int64_t deadline, bool *announced, Status *st) {
-  FrameHeader h;
-  std::string payload;
-  UcxInfo info;
-  if (!RecvTyped(fd, kUcxInfo, deadline, &h, &payload)) {
-    *st = NowNs() >= deadline ? LLM_TIMEOUT : LLM_LINK_FAILED;
-    return false;
+// The peer's attach data, in the same order, each checked by its backend against the link's table.
+// False when one did not come, or is malformed, for another backend or inconsistent (*st says which).
+bool Linker::RecvAttachData(int fd, Link *link, int64_t deadline, Learned *learned, Status *st) {
+  for (Backend *b : AttachExchangers(link->capabilities)) {
+    FrameHeader h;
+    std::string payload;
+    BackendAttach m;
+    if (!RecvTyped(fd, kBackendAttach, deadline, &h, &payload)) {
+      *st = NowNs() >= deadline ? LLM_TIMEOUT : LLM_LINK_FAILED;
+      return false;
+    }
+    std::shared_ptr<PeerState> got;
+    if (!Decode(payload, &m) || m.backend != BackendId(*b) || !b->TakeAttachData(*link, m.data, &got)) {
+      *st = Fail(LLM_LINK_FAILED, "cluster %llu sent malformed %s attach data",
+                 static_cast<unsigned long long>(link->remote_cluster_id), b->name());
+      return false;
+    }
+    if (got) (*learned)[b] = std::move(got);
   }
-  if (!Decode(payload, &info) || !UcxTake(info, link)) {
-    *st = Fail(LLM_LINK_FAILED, "cluster %llu sent a malformed UCX_INFO",
-               static_cast<unsigned long long>(link->remote_cluster_id));
-    return false;
-  }
-  *announced = !info.worker.empty();
   return true;
 }
 
-// kvblocks.Transport=ucx: every cache the peer announced over UCX; auto: peers on other hosts.
-Status Linker::AttachUcx(Link *link, int fd) {
-  const bool force = opt_.transport == "ucx";
-  if (!force && ((link->capabilities & kCapUcx) == 0 || link->same_host)) return LLM_SUCCESS;
+// Attaches `b` after CONFIRM from what the peer's attach data taught us (none: null). The link fails
+// only when kvblocks.Transport selects `b` and it could not attach.
+Status Linker::AttachAfterConfirm(Backend *b, Link *link, int fd, const Learned &learned) {
+  const bool required = opt_.backends.transport == b->transport_option();
+  auto it = learned.find(b);
   std::string why;
-  auto ctx = Ucx(fd, &why);
-  if (UcxAttach(ctx, link, force, &why) || !force) return LLM_SUCCESS;
-  LogWarn("kvblocks.Transport=ucx, but cluster %llu cannot be reached over UCX: %s",
-          static_cast<unsigned long long>(link->remote_cluster_id), why.c_str());
-  return Fail(LLM_LINK_FAILED, "kvblocks.Transport=ucx, but cluster %llu cannot be reached over UCX: %s",
-              static_cast<unsigned long long>(link->remote_cluster_id), why.c_str());
+  if (b->AttachAfterConfirm(EnvFor(b, fd), link, it == learned.end() ? nullptr : it->second, required, &why) ||
+      !required)
+    return LLM_SUCCESS;
+  const char *t = b->transport_option();
+  LogWarn("kvblocks.Transport=%s, but cluster %llu cannot be reached over %s: %s", t,
+          static_cast<unsigned long long>(link->remote_cluster_id), b->name(), why.c_str());
+  return Fail(LLM_LINK_FAILED, "kvblocks.Transport=%s, but cluster %llu cannot be reached over %s: %s", t,
+              static_cast<unsigned long long>(link->remote_cluster_id), b->name(), why.c_str());
+}
+
+// kvblocks.Transport selects backends that attach at link time: one of them must suit the link.
+Status Linker::TransportSuitsLink(const Link &link) {
+  std::string names;
+  if (TransportSuits(link, opt_.backends.transport, &names)) return LLM_SUCCESS;
+  const char *t = opt_.backends.transport.c_str();
+  const unsigned long long peer = link.remote_cluster_id;
+  LogWarn("kvblocks.Transport=%s, but none of its backends (%s) reaches cluster %llu", t, names.c_str(), peer);
+  return Fail(LLM_LINK_FAILED, "kvblocks.Transport=%s, but none of its backends (%s) reaches cluster %llu", t,
+              names.c_str(), peer);
 }
 
 // Our memfds for the local exchange, held alive by `keep` while they are sent.
@@ -150,8 +163,8 @@ std::shared_ptr<Link> Linker::NewLink(uint64_t remote_cluster_id, LinkInfo *info
   link->remote_cluster_id = remote_cluster_id;
   link->stats = stats_->Peer(remote_cluster_id);
   link->peer = info->identity;
-  link->capabilities = info->capabilities & OfferedCapabilities(OfferOptions{opt_.transport, opt_.ucx_trusted && !opt_.integrity});
-  link->integrity = opt_.integrity;
+  link->capabilities = info->capabilities & OfferedCapabilities(opt_.backends);
+  link->integrity = opt_.backends.integrity;
   for (TableEntry &e : info->caches) link->caches.emplace(e.id, RemoteCache(std::move(e)));
   std::vector<TableEntry>().swap(info->caches);
   return link;
@@ -466,9 +479,9 @@ Status Linker::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing)
   // whether to try). The exchange also proves the process there owns the far end of `fd`.
   PeerIdentity me;
   FillIdentity(instance_token_, &probe_value_, &me);
-  TcpEnds ctrl_ends;
-  if (!link->same_process && (link->capabilities & (kCapSharedMemory | kCapCma)) != 0 &&
-      SameHostHint(me, link->peer) && TcpEndsOf(fd, &ctrl_ends))
+  ConnEnds ctrl_ends;
+  if (!link->same_process && (link->capabilities & LocalExchangeCapabilities()) != 0 &&
+      SameHostHint(me, link->peer) && ConnEndsOf(fd, &ctrl_ends))
     local_fd = ConnectLocal(theirs.info.local_name);
   Confirm confirm{sent - theirs.info.clock_ns, local_fd >= 0};
   ir = SendMessage(fd, kConfirm, 0, confirm, deadline);
@@ -482,17 +495,15 @@ Status Linker::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing)
     local_fd = -1;
   }
   ChoosePaths(link.get());
-  // UCX descriptors only now, after CONFIRM, and only between two sides that offered UCX.
-  bool ucx_announced = false;
-  if ((link->capabilities & kCapUcx) != 0) {
-    if ((st = SendUcxInfo(fd, mine.info.caches, false, deadline)) != LLM_SUCCESS) return fail(st);
-    if (!RecvUcxInfo(fd, link.get(), deadline, &ucx_announced, &st)) return fail(st);
-  }
-  if (ucx_announced && (st = AttachUcx(link.get(), fd)) != LLM_SUCCESS) return fail(st);
-  if (opt_.transport == "shm" && !link->same_host) {
-    LogWarn("kvblocks.Transport=shm, but cluster %llu is not a verified same-host peer", want);
-    return fail(Fail(LLM_LINK_FAILED, "kvblocks.Transport=shm, but cluster %llu is on another host", want));
-  }
+  // Attach data only now, after CONFIRM, and only for backends both sides offered. A backend whose
+  // peer offered something attaches now (a failure fails the link); the others once the acceptor
+  // confirmed (so its refusal, not theirs, is what the caller hears).
+  Learned learned;
+  if ((st = SendAttachData(fd, *link, mine.info.caches, false, deadline)) != LLM_SUCCESS) return fail(st);
+  if (!RecvAttachData(fd, link.get(), deadline, &learned, &st)) return fail(st);
+  for (Backend *b : AttachExchangers())
+    if (learned.count(b) != 0 && (st = AttachAfterConfirm(b, link.get(), fd, learned)) != LLM_SUCCESS) return fail(st);
+  if ((st = TransportSuitsLink(*link)) != LLM_SUCCESS) return fail(st);
   std::string tmp;
   if (!RecvTyped(fd, kConfirmAck, deadline, &h, &tmp))
     return fail(NowNs() >= deadline ? LLM_TIMEOUT : LLM_LINK_FAILED);
@@ -500,8 +511,8 @@ Status Linker::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing)
     *crossing = (h.flags & kFlagCrossing) != 0;
     return fail(Fail(h.status, "cluster %llu did not confirm the link (status %u)", want, h.status));
   }
-  // A peer that sent no UCX descriptors (Transport=ucx fails here unless it has no caches).
-  if (!ucx_announced && (st = AttachUcx(link.get(), fd)) != LLM_SUCCESS) return fail(st);
+  for (Backend *b : AttachExchangers())
+    if (learned.count(b) == 0 && (st = AttachAfterConfirm(b, link.get(), fd, learned)) != LLM_SUCCESS) return fail(st);
 
   host_->ForgetLoose(fd);
   link->ctrl_fd = fd;
@@ -527,10 +538,10 @@ Status Linker::OpenLink(const ClusterInfo &ci, int64_t deadline, bool *crossing)
     DropLink(link);
     return st == LLM_TIMEOUT ? LLM_TIMEOUT : LLM_LINK_FAILED;
   }
+  RequestChannels *channels = ServedChannels(*link);  // set by ChoosePaths: never null here
+  if (channels->Reserve()) channels->Add(fwd);
   {
     std::lock_guard<std::mutex> g(link->mu);
-    link->idle.push_back(fwd);
-    link->requester_channels = 1;
     link->reverse_channels = 1;
   }
   host_->Spawn([this, link, rev] { host_->Serve(rev, link); });
@@ -615,33 +626,41 @@ void Linker::AcceptChannel(int fd, const Hello &hello, const Transcript &t, int6
     const Bind expect = BindFor(link->token, t);
     if (ConstantTimeEqual(expect.mac, bind.mac, sizeof(bind.mac))) st = LLM_SUCCESS;
   }
+  // A forward channel we serve, or a reverse one for our requests (the served backend's pool).
+  const bool fwd = hello.kind == ConnKind::kDataFwd;
+  RequestChannels *channels = st == LLM_SUCCESS ? ServedChannels(*link) : nullptr;
   if (st == LLM_SUCCESS) {
-    std::lock_guard<std::mutex> g(link->mu);
-    const int have = hello.kind == ConnKind::kDataFwd ? link->served_channels : link->requester_channels;
-    if (have >= kMaxRequesterChannels) {
+    bool took = false;
+    if (fwd) {
+      // The slot is taken under the same lock as the check: concurrent accepts cannot overshoot.
+      std::lock_guard<std::mutex> g(link->mu);
+      if ((took = link->served_channels < kMaxRequesterChannels)) ++link->served_channels;
+    } else {
+      took = channels != nullptr && channels->Reserve();
+    }
+    if (!took) {
       LogWarn("cluster %llu opened more than %d data channels; refusing another",
               static_cast<unsigned long long>(hello.cluster_id), kMaxRequesterChannels);
       st = LLM_LINK_FAILED;
-    } else {
-      // The slot is taken under the same lock as the check: concurrent accepts cannot overshoot.
-      ++(hello.kind == ConnKind::kDataFwd ? link->served_channels : link->requester_channels);
     }
   }
   if (SendFrame(fd, kBind, st, nullptr, 0, deadline) != IoResult::kOk || st != LLM_SUCCESS) {
-    if (st == LLM_SUCCESS) {
+    if (st == LLM_SUCCESS && fwd) {
       std::lock_guard<std::mutex> g(link->mu);
-      --(hello.kind == ConnKind::kDataFwd ? link->served_channels : link->requester_channels);
+      --link->served_channels;
+    } else if (st == LLM_SUCCESS) {
+      channels->Unreserve();
     }
     return drop();
   }
   host_->ForgetLoose(fd);
   link->AddFd(fd);
-  if (hello.kind == ConnKind::kDataFwd) {
+  if (fwd) {
     host_->Serve(fd, link);
     std::lock_guard<std::mutex> g(link->mu);
     --link->served_channels;
   } else {
-    link->AddRequesterChannel(fd);
+    channels->Add(fd);
   }
 }
 
@@ -698,8 +717,8 @@ void Linker::AcceptControl(int fd, const Hello &hello, const uint8_t *server_non
     return drop();
   }
   for (const auto &c : mine.info.caches) link->shown.insert(c.id);
-  TcpEnds ctrl_ends;  // the local exchange checks the opener owns the far end of `fd`
-  if (!link->same_process && (link->capabilities & (kCapSharedMemory | kCapCma)) != 0 && TcpEndsOf(fd, &ctrl_ends))
+  ConnEnds ctrl_ends;  // the local exchange checks the opener owns the far end of `fd`
+  if (!link->same_process && (link->capabilities & LocalExchangeCapabilities()) != 0 && ConnEndsOf(fd, &ctrl_ends))
     lfd = ListenLocal(&mine.info.local_name);
   std::string out;
   Encode(mine, &out);
@@ -721,21 +740,23 @@ void Linker::AcceptControl(int fd, const Hello &hello, const uint8_t *server_non
   if (lfd >= 0) close(lfd);
   lfd = -1;
   ChoosePaths(link.get());
-  Status st = opt_.transport == "shm" && !link->same_host ? LLM_LINK_FAILED : LLM_SUCCESS;
-  bool ucx_ok = true;
-  if (st == LLM_SUCCESS && (link->capabilities & kCapUcx) != 0) {
-    // The opener's UCX_INFO first; ours only to an opener whose own was sound and whose link we are
-    // not about to refuse (a refusal below finds the same live or crossing link).
-    bool announced = false, refuse = !RecvUcxInfo(fd, link.get(), deadline, &announced, &st);
+  Status st = TransportSuitsLink(*link) != LLM_SUCCESS ? LLM_LINK_FAILED : LLM_SUCCESS;
+  bool attach_ok = true;
+  Learned learned;
+  if (st == LLM_SUCCESS && !AttachExchangers(link->capabilities).empty()) {
+    // The opener's attach data first; ours only to an opener whose own was sound and whose link we
+    // are not about to refuse (a refusal below finds the same live or crossing link).
+    bool refuse = !RecvAttachData(fd, link.get(), deadline, &learned, &st);
     if (st == LLM_TIMEOUT) return drop();
     {
       std::lock_guard<std::mutex> g(link_state_mu_);
       refuse = refuse || links_->FindAlive(peer) || CrossingLoses(peer);
     }
-    if (SendUcxInfo(fd, mine.info.caches, refuse, deadline) != LLM_SUCCESS) return drop();
-    ucx_ok = !refuse;
+    if (SendAttachData(fd, *link, mine.info.caches, refuse, deadline) != LLM_SUCCESS) return drop();
+    attach_ok = !refuse;
   }
-  if (st == LLM_SUCCESS && ucx_ok) st = AttachUcx(link.get(), fd);
+  for (Backend *b : AttachExchangers())
+    if (st == LLM_SUCCESS && attach_ok) st = AttachAfterConfirm(b, link.get(), fd, learned);
   uint16_t flags = 0;
   if (st == LLM_SUCCESS) {
     std::lock_guard<std::mutex> g(link_state_mu_);

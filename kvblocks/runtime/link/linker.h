@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The linker: makes and ends links. The opener side (LinkLlmClusters: connect, authenticate,
-// exchange identity, clock and cache tables, the local exchange, CONFIRM, UCX descriptors, the first
+// exchange identity, clock and cache tables, the local exchange, CONFIRM, backends' attach data, the first
 // data channels) and the accepting side of every connection the listener hands it (a data channel
 // of a link, or a control connection that becomes a link and is then served by the ControlChannel).
 // What it needs of the engine that owns it comes through LinkerHost, so link/ knows no engine.
@@ -29,15 +29,12 @@
 namespace kvblocks {
 
 class TlsContext;
-class UcxContext;
 
 // The engine's options that decide how links are made (set by Initialize, before any link).
 struct LinkerOptions {
-  std::string transport = "auto";     // kvblocks.Transport
+  BackendOptions backends;            // kvblocks.Transport and what decides which backends are offered
   std::string auth_token;             // kvblocks.AuthToken
-  std::shared_ptr<TlsContext> tls;    // kvblocks.Encryption=tls: every TCP connection of a link
-  bool integrity = false;             // kvblocks.Integrity=crc32c
-  bool ucx_trusted = false;           // kvblocks.UcxTrustedNetwork=1: UCX may be offered
+  std::shared_ptr<TlsContext> tls;    // kvblocks.Encryption=tls: every connection of a link
   bool local_comm_res = false;        // llm.LocalCommRes: a cluster needs no local_ip_infos
   size_t max_links = 0;               // kvblocks.MaxLinks
   size_t max_links_per_peer = 0;      // kvblocks.MaxLinksPerPeer
@@ -46,14 +43,14 @@ struct LinkerOptions {
 // What the linker asks of the engine that owns it. Called from linking and handshake threads.
 class LinkerHost {
  public:
-  // Our cache table as a new link shows it (never with UCX descriptors: those go in UCX_INFO).
+  // Our cache table as a new link shows it (never with attach data: that goes in BACKEND_ATTACH).
   virtual std::vector<TableEntry> DescribeCaches() = 0;
   // Appends the memfds of `shown`'s caches that have one (id, fd), at most kMaxLocalFds in `out`
   // in all; `keep` holds them open while they are sent.
   virtual void AddMemfds(const std::vector<TableEntry> &shown, LocalFds *out,
                          std::vector<std::shared_ptr<void>> *keep) = 0;
-  // UCX: adds the descriptors of our cache `entry->id` under `ctx` to `entry` (transport/ucx).
-  virtual void AnnounceUcx(const std::shared_ptr<UcxContext> &ctx, TableEntry *entry) = 0;
+  // Our cache `id`, for a backend's attach data (transport/backend.h AttachEnv); null when gone.
+  virtual std::shared_ptr<LocalMemory> OurCache(int64_t id) = 0;
   virtual bool Spawn(std::function<void()> fn) = 0;  // a runtime thread; false when none started
   virtual void Serve(int fd, const std::shared_ptr<Link> &link) = 0;  // serves a data channel until it closes
   virtual void TrackLoose(int fd) = 0;   // a socket still handshaking: Finalize wakes it
@@ -89,7 +86,7 @@ class Linker {
   void Accept(int fd);
   // One more data channel of `link` (opener side): its fd, or -1 with *st.
   int OpenChannel(const std::shared_ptr<Link> &link, ConnKind kind, int64_t deadline, llm_datadist::Status *st);
-  void Finalize();  // lets go of the UCX worker (gone once the last endpoint lets go of it)
+  void Finalize();  // lets go of the backends' engine states (each gone once the last link lets go of it)
 
  private:
   llm_datadist::Status LinkOneInner(const llm_datadist::ClusterInfo &ci, int32_t timeout_ms);
@@ -106,11 +103,14 @@ class Linker {
   void DropLink(const std::shared_ptr<Link> &link);
   std::shared_ptr<Link> NewLink(uint64_t remote_cluster_id, LinkInfo *info);
   void FillLinkInfo(LinkInfo *info);
-  // The UCX backend's handshake phase (transport/ucx/ucx_path.h)
-  std::shared_ptr<UcxContext> Ucx(int fd, std::string *why);
-  llm_datadist::Status SendUcxInfo(int fd, const std::vector<TableEntry> &shown, bool refuse, int64_t deadline);
-  bool RecvUcxInfo(int fd, Link *link, int64_t deadline, bool *announced, llm_datadist::Status *st);
-  llm_datadist::Status AttachUcx(Link *link, int fd);
+  // The backends' exchange after CONFIRM (transport/backend.h), per link: what each learned.
+  using Learned = std::map<const Backend *, std::shared_ptr<PeerState>>;
+  AttachEnv EnvFor(const Backend *b, int fd);
+  llm_datadist::Status SendAttachData(int fd, const Link &link, const std::vector<TableEntry> &shown, bool refuse,
+                                      int64_t deadline);
+  bool RecvAttachData(int fd, Link *link, int64_t deadline, Learned *learned, llm_datadist::Status *st);
+  llm_datadist::Status AttachAfterConfirm(Backend *b, Link *link, int fd, const Learned &learned);
+  llm_datadist::Status TransportSuitsLink(const Link &link);
 
   const uint64_t cluster_id_;
   LinkerHost *const host_;
@@ -136,8 +136,9 @@ class Linker {
   static constexpr size_t kMaxLinkFailures = 4096;
   std::mutex why_mu_;
   std::map<uint64_t, LinkFailure> link_failures_;
-  std::mutex ucx_mu_;
-  std::shared_ptr<UcxContext> ucx_;
+  // Each backend's state for this engine (Backend::NewEngineState), made on first need while running.
+  std::mutex engine_states_mu_;
+  std::map<const Backend *, std::shared_ptr<EngineState>> engine_states_;
 };
 
 }  // namespace kvblocks

@@ -67,7 +67,7 @@ int ConnectTcp(const std::string &ip, uint16_t port, int64_t deadline, llm_datad
 int ListenTcp(const std::string &ip, uint32_t port, llm_datadist::Status *st);
 // The listener's address on connection `fd` (what a handshake proof covers): the opener asks for
 // the peer's address (the one it dialled), the listener for its own end of the accepted socket.
-// False when the kernel does not say, or for a socket that is not TCP over IPv4/IPv6.
+// False when the kernel does not say, or for a socket that is not a stream over IPv4/IPv6.
 bool ListenerEndpoint(int fd, bool opener, Endpoint *out);
 void TuneSocket(int fd);
 

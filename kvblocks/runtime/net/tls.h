@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// kvblocks.Encryption=tls: TLS 1.3 on every TCP connection of a link (control and data), through the
+// kvblocks.Encryption=tls: TLS 1.3 on every connection of a link (control and data), through the
 // system's OpenSSL 3 loaded with dlopen() on first use, so neither the build nor `import kvblocks`
 // depends on it. Keyed by kvblocks.AuthToken as an external PSK (psk_dhe_ke: an ephemeral ECDHE
 // share on top, for forward secrecy), or by certificates (mutual, one private CA) where given.

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The C interface between the runtime and a backend plugin: a shared library shipped by a companion
-// package (kvblocks-ucx, built from ucx/, is the first; a GPU one ships the same way). The runtime
-// dlopen()s a plugin on first need (transport/plugin.h), so neither `import kvblocks` nor the base
-// build depends on it. Plain C: a plugin may be built against another library version by another
-// compiler. A plugin of another ABI version, or another backend than the one asked for, is refused.
+// package (the network RMA one, built from a folder of this repository, is the first; a GPU one
+// ships the same way). The runtime dlopen()s a plugin on first need (transport/plugin.h), so
+// neither `import kvblocks` nor the base build depends on it. Plain C: a plugin may be built against
+// another library version by another compiler. A plugin of another ABI version, or another backend than the one asked for, is refused.
 #ifndef KVBLOCKS_RUNTIME_TRANSPORT_BACKEND_ABI_H_
 #define KVBLOCKS_RUNTIME_TRANSPORT_BACKEND_ABI_H_
 
@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-// 4: the UCX plugin's ABI (3) made general: the backend's name, the memory kinds it maps, and a
+// 4: the first plugin's ABI (3) made general: the backend's name, the memory kinds it maps, and a
 // memory kind and device in mem_map.
 #define KVB_BACKEND_ABI_VERSION 4
 
@@ -22,8 +22,8 @@ extern "C" {
 #define KVB_MEM_HOST 0u
 #define KVB_MEM_CUDA 1u
 
-typedef struct kvb_ctx kvb_ctx;  // the backend's context (UCX: a UCP context, one worker, its progress thread)
-typedef struct kvb_mem kvb_mem;  // a registered range (UCX: ucp_mem_map)
+typedef struct kvb_ctx kvb_ctx;  // the backend's context (e.g. a network context, one worker, its progress thread)
+typedef struct kvb_mem kvb_mem;  // a registered range (a memory map)
 typedef struct kvb_ep kvb_ep;    // an endpoint to one peer's context
 typedef struct kvb_rkey kvb_rkey;
 
@@ -39,10 +39,10 @@ enum { KVB_OK = 0, KVB_TIMEOUT = 1, KVB_FAILED = 2, KVB_ABORTED = 3 };
 
 typedef struct {
   uint32_t abi;                  // KVB_BACKEND_ABI_VERSION
-  const char *name;              // the backend it implements ("ucx"); the runtime checks it
+  const char *name;              // the backend it implements (its Backend::name()); the runtime checks it
   uint32_t mem_kinds;            // bit (1 << KVB_MEM_*) per memory kind mem_map accepts
-  const char *(*version)(void);  // the loaded library's version (UCX: the UCP library's)
-  // `net_devices`: the interfaces the context may listen on (UCX: UCX_NET_DEVICES for the worker),
+  const char *(*version)(void);  // the loaded library's version (e.g. the network library's)
+  // `net_devices`: the interfaces the context may listen on (e.g. its worker's device list),
   // whatever the environment says.
   kvb_ctx *(*create)(const char *net_devices, char *err, size_t errlen);
   void (*destroy)(kvb_ctx *ctx);

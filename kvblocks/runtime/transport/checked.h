@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// kvblocks.Integrity=crc32c on the TCP data path: a request's data stream with a CRC32C per
+// kvblocks.Integrity=crc32c on the served data path: a request's data stream with a CRC32C per
 // (tensor, range) pair, in the CRC blocks of docs/protocol.md ("Integrity"). The side that reads the
 // source memory computes, the side that writes the destination checks, each on chunks of the stream
 // as they are sent or land (still in cache), never in a second pass.

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "llm_datadist/llm_datadist.h"
-#include "plan/plan.h"
+#include "transport/plan.h"
 
 namespace kvblocks {
 

@@ -51,7 +51,7 @@ constexpr uint32_t kFixedBytes = 16 + 2 * 18 + 4;
 
 // One message: u32 length, then key[16], the sender's control-connection ends (local[18],
 // remote[18]), count u32, cache ids i64; the memfds ride on it.
-bool Send(int fd, const uint8_t key[16], const TcpEnds &ctrl, const LocalFds &fds, int64_t deadline) {
+bool Send(int fd, const uint8_t key[16], const ConnEnds &ctrl, const LocalFds &fds, int64_t deadline) {
   if (fds.size() > kMaxLocalFds) return false;
   Writer w;
   w.Put<uint32_t>(static_cast<uint32_t>(kFixedBytes + 8 * fds.size()));
@@ -90,7 +90,7 @@ bool Send(int fd, const uint8_t key[16], const TcpEnds &ctrl, const LocalFds &fd
   return true;
 }
 
-bool Recv(int fd, uint8_t key[16], TcpEnds *ends, LocalPeer *out, int64_t deadline) {
+bool Recv(int fd, uint8_t key[16], ConnEnds *ends, LocalPeer *out, int64_t deadline) {
   constexpr size_t kMax = 4 + kFixedBytes + 8 * kMaxLocalFds;
   std::string buf;
   std::vector<int> got;
@@ -164,10 +164,10 @@ bool Learn(int fd, LocalPeer *out) {
 
 // The peer's control-connection ends must mirror ours: else it is not the process at the far end of
 // our control connection (a relaying peer handed it this link's name and key).
-bool SameConnection(const TcpEnds &theirs, const TcpEnds &mine, const LocalPeer &peer) {
+bool SameConnection(const ConnEnds &theirs, const ConnEnds &mine, const LocalPeer &peer) {
   if (MirrorsOf(theirs, mine)) return true;
   LogWarn("same-host exchange refused: process %d is not at the far end of this link's control connection "
-          "(a relaying peer?); the link stays on TCP", peer.pid);
+          "(a relaying peer?); the link stays on the served path", peer.pid);
   return false;
 }
 
@@ -192,7 +192,7 @@ bool PutEnd(const sockaddr_storage &sa, uint8_t out[18]) {
 
 }  // namespace
 
-bool TcpEndsOf(int fd, TcpEnds *out) {
+bool ConnEndsOf(int fd, ConnEnds *out) {
   sockaddr_storage l{}, r{};
   socklen_t ll = sizeof(l), rl = sizeof(r);
   return getsockname(fd, reinterpret_cast<sockaddr *>(&l), &ll) == 0 &&
@@ -200,7 +200,7 @@ bool TcpEndsOf(int fd, TcpEnds *out) {
          PutEnd(r, out->remote);
 }
 
-bool MirrorsOf(const TcpEnds &theirs, const TcpEnds &mine) {
+bool MirrorsOf(const ConnEnds &theirs, const ConnEnds &mine) {
   return memcmp(theirs.local, mine.remote, sizeof(mine.remote)) == 0 &&
          memcmp(theirs.remote, mine.local, sizeof(mine.local)) == 0;
 }
@@ -241,13 +241,13 @@ int ListenLocal(std::string *name) {
   return fd;
 }
 
-bool AcceptLocalExchange(int lfd, const uint8_t my_key[16], const uint8_t their_key[16], const TcpEnds &ctrl,
+bool AcceptLocalExchange(int lfd, const uint8_t my_key[16], const uint8_t their_key[16], const ConnEnds &ctrl,
                          const LocalFds &mine, int64_t deadline, LocalPeer *out) {
   if (!WaitFd(lfd, POLLIN, deadline)) return false;
   const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (fd < 0) return false;
   uint8_t key[16];
-  TcpEnds ends;
+  ConnEnds ends;
   LocalPeer peer;
   // Nothing of ours (key, memfds) goes out before the opener proved both the key and the connection.
   bool ok = Recv(fd, key, &ends, &peer, deadline) && ConstantTimeEqual(key, my_key, 16) && Learn(fd, &peer) &&
@@ -275,10 +275,10 @@ int ConnectLocal(const std::string &name) {
   return fd;
 }
 
-bool OpenerLocalExchange(int fd, const uint8_t my_key[16], const uint8_t their_key[16], const TcpEnds &ctrl,
+bool OpenerLocalExchange(int fd, const uint8_t my_key[16], const uint8_t their_key[16], const ConnEnds &ctrl,
                          const LocalFds &mine, int64_t deadline, LocalPeer *out) {
   uint8_t key[16];
-  TcpEnds ends;
+  ConnEnds ends;
   LocalPeer peer;
   const bool ok = Learn(fd, &peer) && Send(fd, their_key, ctrl, mine, deadline) &&
                   Recv(fd, key, &ends, &peer, deadline) && ConstantTimeEqual(key, my_key, 16) &&

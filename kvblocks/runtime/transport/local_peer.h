@@ -3,7 +3,7 @@
 // opener connects to a one-shot abstract Unix socket the acceptor announced; each side learns the
 // other's pid from SO_PEERCRED, pins it with a pidfd, and receives its memfds with SCM_RIGHTS. Each
 // side proves it is the other end of this very link by presenting the random key the other sent
-// over the authenticated control connection, and states the two ends of its TCP control connection:
+// over the authenticated control connection, and states the two ends of its control connection:
 // each accepts the exchange only when the other's are the mirror of its own, so the pid is the
 // process at the far end of THIS control connection, not a third process a relaying peer forwarded
 // the name and key to. One-sided paths use nothing but these facts.
@@ -36,16 +36,16 @@ struct LocalPeer {
 
 using LocalFds = std::vector<std::pair<int64_t, int>>;  // cache id, our memfd
 
-// The ends of a TCP connection as one side sees them: local, then remote, each a 16-byte IPv6
+// The ends of a stream connection over IP as one side sees them: local, then remote, each a 16-byte IPv6
 // address (IPv4 mapped into ::ffff:0:0/96) and a big-endian port.
-struct TcpEnds {
+struct ConnEnds {
   uint8_t local[18] = {};
   uint8_t remote[18] = {};
 };
-// False when `fd` is not a connected TCP socket.
-bool TcpEndsOf(int fd, TcpEnds *out);
+// False when `fd` is not a connected stream socket over IPv4/IPv6.
+bool ConnEndsOf(int fd, ConnEnds *out);
 // `theirs` is the same connection seen from its other end.
-bool MirrorsOf(const TcpEnds &theirs, const TcpEnds &mine);
+bool MirrorsOf(const ConnEnds &theirs, const ConnEnds &mine);
 
 // Acceptor: a fresh listening socket with a random abstract name (returned in `name`), or -1.
 int ListenLocal(std::string *name);
@@ -53,12 +53,12 @@ int ListenLocal(std::string *name);
 // `ctrl` (our control connection's ends), answers with `their_key`, `ctrl` and `mine`. False (and
 // nothing learnt, nothing sent) on any mismatch, on a peer that is this process, or when `deadline`
 // passes.
-bool AcceptLocalExchange(int lfd, const uint8_t my_key[16], const uint8_t their_key[16], const TcpEnds &ctrl,
+bool AcceptLocalExchange(int lfd, const uint8_t my_key[16], const uint8_t their_key[16], const ConnEnds &ctrl,
                          const LocalFds &mine, int64_t deadline, LocalPeer *out);
 // Opener: connects to the acceptor's socket (-1 when there is none in this network namespace),
 // then the same exchange from the connecting side.
 int ConnectLocal(const std::string &name);
-bool OpenerLocalExchange(int fd, const uint8_t my_key[16], const uint8_t their_key[16], const TcpEnds &ctrl,
+bool OpenerLocalExchange(int fd, const uint8_t my_key[16], const uint8_t their_key[16], const ConnEnds &ctrl,
                          const LocalFds &mine, int64_t deadline, LocalPeer *out);
 
 int OpenPidfd(int pid);          // -1 when the kernel has no pidfd_open

@@ -42,7 +42,7 @@ class MemoryPath : public Path {
       : name_(name), remote_(std::move(remote)), keep_(std::move(keep)) {}
   const char *name() const override { return name_; }
   PathMode mode() const override { return PathMode::kLocalCopy; }
-  Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
+  Status Execute(const Plan &plan, const LocalMemory &local, bool pull, int64_t deadline) override {
     uint8_t *const *loc = reinterpret_cast<uint8_t *const *>(local.addrs.data());
     return pull ? CopyPlan(plan, remote_.data(), loc, deadline) : CopyPlan(plan, loc, remote_.data(), deadline);
   }

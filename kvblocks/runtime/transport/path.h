@@ -9,10 +9,9 @@
 #include <memory>
 #include <vector>
 
-#include "cache/cache.h"
-#include "cache/region.h"
+#include "transport/memory.h"
 #include "llm_datadist/llm_datadist.h"
-#include "plan/plan.h"
+#include "transport/plan.h"
 
 namespace kvblocks {
 
@@ -24,13 +23,13 @@ class Backend;
 enum class PathMode : uint8_t {
   kLocalCopy,  // this thread copies the bytes itself (memcpy, process_vm_*): no peer, no network
   kRemoteDma,  // one-sided over a network (RDMA get/put): the peer's CPU takes no part
-  kServed,     // requests the peer serves from its own table (TCP)
+  kServed,     // requests the peer serves from its own table
 };
 
 // One transfer of a pipelined run (Path::ExecutePipelined): the arguments of Path::Execute.
 struct PipeItem {
   const Plan *plan = nullptr;
-  const CacheEntry *local = nullptr;
+  const LocalMemory *local = nullptr;
   Path *path = nullptr;  // returned the run's PipelineKey for this plan
   bool pull = true;
   int64_t deadline = 0;
@@ -55,7 +54,7 @@ class Path {
   const Backend *owner = nullptr;  // the backend that made it (set by the registry)
   // pull: remote -> local, else local -> remote. Returns LLM_TIMEOUT when the deadline passes first;
   // once it returns, no byte of the destination changes.
-  virtual llm_datadist::Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) = 0;
+  virtual llm_datadist::Status Execute(const Plan &plan, const LocalMemory &local, bool pull, int64_t deadline) = 0;
   // Non-null when this plan may share a pipelined run with every other plan of the same key (same
   // implementation, same peer); null runs it alone through Execute.
   virtual const void *PipelineKey(const Plan &, bool /*pull*/) const { return nullptr; }
@@ -74,7 +73,7 @@ llm_datadist::Status CopyPlan(const Plan &plan, uint8_t *const *src, uint8_t *co
 
 // The served backend's other half: serves the peer's requests on one data channel until it closes;
 // checks every request against this process's own cache table.
-void ServeChannel(int fd, Link *link, const CacheRegistry &caches);
+void ServeChannel(int fd, Link *link, const LocalTable &caches);
 
 }  // namespace kvblocks
 

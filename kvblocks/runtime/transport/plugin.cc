@@ -28,8 +28,8 @@ const kvb_backend_api *LoadBackendPlugin(const std::string &path, const char *ba
   auto entry = reinterpret_cast<kvb_backend_entry_fn>(dlsym(h, KVB_BACKEND_ENTRY));
   const kvb_backend_api *api = entry != nullptr ? entry() : nullptr;
   // The version first: a plugin of another version may lay out the rest of the table differently.
-  // It stays loaded (as a refused plugin always did): unloading a library UCX's may have started
-  // threads in is not safe.
+  // It stays loaded (as a refused plugin always did): unloading a library whose dependencies may
+  // have started threads is not safe.
   if (api == nullptr || api->abi != KVB_BACKEND_ABI_VERSION || api->name == nullptr ||
       strcmp(api->name, backend) != 0) {
     *why = path + ": not a kvblocks " + backend + " plugin of backend ABI version " +

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "transport/registry.h"
 
+#include <set>
+
 #include "link/link.h"
 #include "transport/select.h"
 #include "wire/messages.h"
@@ -32,12 +34,65 @@ Backend *FindBackend(const std::string &name) {
   return nullptr;
 }
 
-uint64_t OfferedCapabilities(const OfferOptions &o) {
+uint64_t OfferedCapabilities(const BackendOptions &o) {
   uint64_t caps = kCapCacheQuery | kCapKeyQuery | kCapCrc32c;  // not paths: every engine offers them
   for (Backend *b : Backends())
     if (b->Offered(o)) caps |= b->capability();
   return caps;
 }
+
+bool KnownTransport(const std::string &value) {
+  if (value == "auto") return true;
+  for (Backend *b : Backends())
+    if (value == b->transport_option()) return true;
+  return false;
+}
+
+std::string TransportChoices() {
+  std::set<std::string> names;  // sorted, each once (the same-host backends share theirs)
+  for (Backend *b : Backends()) names.insert(b->transport_option());
+  std::string out = "auto";
+  size_t left = names.size();
+  for (const std::string &n : names) out += (--left == 0 ? " or " : ", ") + n;
+  return out;
+}
+
+llm_datadist::Status CheckBackendOptions(const BackendOptions &o) {
+  for (Backend *b : Backends()) {
+    const llm_datadist::Status st = b->CheckOptions(o);
+    if (st != llm_datadist::LLM_SUCCESS) return st;
+  }
+  return llm_datadist::LLM_SUCCESS;
+}
+
+uint64_t LocalExchangeCapabilities() {
+  uint64_t caps = 0;
+  for (Backend *b : Backends())
+    if (b->NeedsLocalExchange()) caps |= b->capability();
+  return caps;
+}
+
+bool TransportSuits(const Link &link, const std::string &transport, std::string *names) {
+  bool selects = false;
+  for (Backend *b : Backends()) {
+    if (transport != b->transport_option() || b->ExchangesAttachData()) continue;
+    for (const Attached &a : link.attached)
+      if (a.backend == b) return true;
+    if (b->Suits(link)) return true;
+    selects = true;
+    *names += (names->empty() ? "" : ", ") + std::string(b->name());
+  }
+  return !selects;
+}
+
+std::vector<Backend *> AttachExchangers(uint64_t caps) {
+  std::vector<Backend *> out;
+  for (Backend *b : Backends())
+    if (b->ExchangesAttachData() && (caps & b->capability()) != 0) out.push_back(b);
+  return out;
+}
+
+uint8_t BackendId(const Backend &b) { return static_cast<uint8_t>(__builtin_ctzll(b.capability())); }
 
 void ChoosePaths(Link *link) {
   VerifyPeer(link);
@@ -49,7 +104,11 @@ void ChoosePaths(Link *link) {
       link->attached.push_back(Attached{b, std::move(state)});
   }
   // Every peer is served, whatever it offered.
-  if (link->attached.empty() || link->attached.back().backend != served) link->attached.push_back(Attached{served, {}});
+  if (link->attached.empty() || link->attached.back().backend != served) {
+    std::shared_ptr<PeerState> state;
+    served->Attach(link, &state);
+    link->attached.push_back(Attached{served, std::move(state)});
+  }
   // Host memory on our side: the only kind a cache is registered with today.
   for (auto &kv : link->caches) {
     RemoteCache &rc = kv.second;
@@ -73,9 +132,20 @@ void AttachLater(Link *link, Backend *b, std::shared_ptr<PeerState> state, bool 
   link->attached.insert(it, Attached{b, std::move(state)});
 }
 
+namespace {
+PeerState *ServedState(const Link &link) {
+  Backend *served = Backends().back();
+  for (const Attached &a : link.attached)
+    if (a.backend == served) return a.state.get();
+  return nullptr;
+}
+}  // namespace
+
+RequestChannels *ServedChannels(const Link &link) { return dynamic_cast<RequestChannels *>(ServedState(link)); }
+
 std::shared_ptr<Path> ServedPath(Link *link, RemoteCache &rc) {
   Backend *served = Backends().back();
-  std::shared_ptr<Path> p = served->PathFor(link, nullptr, rc);
+  std::shared_ptr<Path> p = served->PathFor(link, ServedState(*link), rc);
   if (p) p->owner = served;
   return p;
 }
@@ -99,11 +169,11 @@ bool OneSidedPeer(const Link &link) {
   return false;
 }
 
-void UnregisterEverywhere(CacheEntry *cache) {
+void UnregisterEverywhere(LocalMemory *cache) {
   for (Backend *b : Backends()) b->Unregister(cache);
 }
 
-void DescribeEverywhere(const CacheEntry &cache, TableEntry *entry) {
+void DescribeEverywhere(const LocalMemory &cache, TableEntry *entry) {
   for (Backend *b : Backends()) b->Describe(cache, entry);
 }
 

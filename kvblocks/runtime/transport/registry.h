@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The backends in order of preference, and the choice of a path per remote cache: the first backend
 // that both sides offered, that attached to the peer from verified facts, that serves both memory
-// kinds and that reaches the cache. The last one (served over TCP) every peer offers.
+// kinds and that reaches the cache. The last one (served: the peer runs the requests) every peer offers.
 #ifndef KVBLOCKS_RUNTIME_TRANSPORT_REGISTRY_H_
 #define KVBLOCKS_RUNTIME_TRANSPORT_REGISTRY_H_
 
@@ -41,7 +41,23 @@ inline std::shared_ptr<Path> SelectPath(const std::vector<Attached> &attached, u
 }
 
 // The capabilities this engine offers: every offered backend's bit and the non-path ones.
-uint64_t OfferedCapabilities(const OfferOptions &o);
+uint64_t OfferedCapabilities(const BackendOptions &o);
+// Whether `value` is a kvblocks.Transport value: auto, or some backend's transport_option().
+bool KnownTransport(const std::string &value);
+// The values KnownTransport accepts, for an error message (auto, then the others sorted).
+std::string TransportChoices();
+// Every backend's CheckOptions, in order of preference: the first refusal, else LLM_SUCCESS.
+llm_datadist::Status CheckBackendOptions(const BackendOptions &o);
+// The capabilities whose backends need the same-host local exchange.
+uint64_t LocalExchangeCapabilities();
+// kvblocks.Transport=`transport` and the backends it selects attach at link time: false when none of
+// them Suits the link, with their names in *names ("a, b").
+bool TransportSuits(const Link &link, const std::string &transport, std::string *names);
+// The backends that exchange attach data after CONFIRM (ExchangesAttachData), in order of
+// preference; those in `caps` only when `caps` is given.
+std::vector<Backend *> AttachExchangers(uint64_t caps = ~uint64_t{0});
+// A backend's id in BACKEND_ATTACH: the index of its capability bit.
+uint8_t BackendId(const Backend &b);
 // Attaches every backend both sides offered to the link (from link->same_process, the verified
 // in-process proof, and link->local, the kernel-verified local exchange) and gives each remote
 // cache its path. Backends that attach later (after CONFIRM) call AttachLater.
@@ -49,6 +65,8 @@ void ChoosePaths(Link *link);
 // `b` attached to the link after ChoosePaths with `state`: it takes every cache still on a served
 // path (every cache when `all`) that it reaches.
 void AttachLater(Link *link, Backend *b, std::shared_ptr<PeerState> state, bool all);
+// The served backend's channel pool on the link; null only before ChoosePaths.
+RequestChannels *ServedChannels(const Link &link);
 // The served path (the last backend's) to a cache learned after linking.
 std::shared_ptr<Path> ServedPath(Link *link, RemoteCache &rc);
 // The link's paths for link_path and the logs: the backends that reach some cache one-sidedly,
@@ -57,9 +75,9 @@ std::string DescribePaths(const Link &link);
 // Some backend lets the peer reach our memory without our serving it (one-sided).
 bool OneSidedPeer(const Link &link);
 // Forget `cache` in every backend (it is unregistered and peers stopped using it).
-void UnregisterEverywhere(CacheEntry *cache);
+void UnregisterEverywhere(LocalMemory *cache);
 // Every backend's descriptor of `cache` in `entry`.
-void DescribeEverywhere(const CacheEntry &cache, TableEntry *entry);
+void DescribeEverywhere(const LocalMemory &cache, TableEntry *entry);
 
 }  // namespace kvblocks
 

@@ -50,18 +50,18 @@ void ReadBootId(uint8_t out[16]) {
 }
 
 // Checks the peer is still there before and after every one-sided copy: a copy through a dead
-// peer's mapping never reports success. With `pidfd` (CMA, which addresses the peer by pid: a pid
+// peer's mapping never reports success. With `pidfd` (for a path that addresses the peer by pid: a pid
 // can be reused) each check polls the pidfd. A shared-memory copy reads the peer's beacon instead
 // (transport/beacon.h: a word the kernel marks when the peer dies, as synchronous as the pidfd),
 // which saves two system calls (about 1.2 us here) per small copy; a peer that sent no beacon is
-// polled as for CMA. An engine of this process is looked up among this process's instances.
+// polled as with `pidfd`. An engine of this process is looked up among this process's instances.
 class GuardedPath : public Path {
  public:
   GuardedPath(std::shared_ptr<Path> inner, Link *link, bool pidfd)
       : inner_(std::move(inner)), link_(link), pidfd_(pidfd) {}
   const char *name() const override { return inner_->name(); }
   PathMode mode() const override { return inner_->mode(); }
-  Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
+  Status Execute(const Plan &plan, const LocalMemory &local, bool pull, int64_t deadline) override {
     if (!PeerAlive(link_, pidfd_)) {
       link_->Fail();
       return Fail(LLM_NOT_YET_LINK, "cluster %llu has gone (its process exited or its engine finalized)",
@@ -97,7 +97,7 @@ const uint8_t *ProcessSecret() {
   return g_secret;
 }
 
-void InProcessProof(uint8_t role, const uint8_t *client_nonce, const uint8_t *server_nonce, const std::string &payload,
+void ProcessProof(uint8_t role, const uint8_t *client_nonce, const uint8_t *server_nonce, const std::string &payload,
                     uint8_t out[kProofBytes]) {
   std::string msg;
   msg.push_back(static_cast<char>(role));
@@ -111,7 +111,7 @@ void InProcessProof(uint8_t role, const uint8_t *client_nonce, const uint8_t *se
 
 void SealLinkInfo(uint8_t role, const uint8_t *client_nonce, const uint8_t *server_nonce, std::string *payload) {
   uint8_t proof[kProofBytes];
-  InProcessProof(role, client_nonce, server_nonce, *payload, proof);
+  ProcessProof(role, client_nonce, server_nonce, *payload, proof);
   memcpy(&(*payload)[payload->size() - kProofBytes], proof, kProofBytes);
 }
 
@@ -119,7 +119,7 @@ bool FromThisProcess(uint8_t role, const uint8_t *client_nonce, const uint8_t *s
                      const std::string &payload) {
   if (payload.size() < kProofBytes) return false;
   uint8_t expect[kProofBytes];
-  InProcessProof(role, client_nonce, server_nonce, payload, expect);
+  ProcessProof(role, client_nonce, server_nonce, payload, expect);
   return ConstantTimeEqual(expect, reinterpret_cast<const uint8_t *>(payload.data()) + payload.size() - kProofBytes,
                            kProofBytes);
 }

@@ -35,7 +35,7 @@ enum FrameType : uint16_t {
   kKeyReleased = 19,     // control: a key of the sender's cache is no longer bound (KeyRef)
   kCacheQuery = 25,      // control: describe one of your caches (CacheQuery), answered with kCacheInfo
   kCacheInfo = 26,       // control: the answer (CacheInfo): that cache's table entry, or none
-  kUcxInfo = 27,         // handshake, after CONFIRM, between two kCapUcx sides: UcxInfo, each way
+  kBackendAttach = 27,   // handshake, after CONFIRM: BackendAttach, each way, per backend both offered that exchanges
   kReadReq = 20,
   kReadResp = 21,
   kWriteReq = 22,
@@ -66,17 +66,14 @@ constexpr size_t kDataAlign = 64;
 inline size_t DataPad(uint64_t before) { return static_cast<size_t>((kDataAlign - before % kDataAlign) % kDataAlign); }
 extern const uint8_t kZeroPad[kDataAlign];
 
-// Capabilities a side offers in its handshake; a path is used only when both offer it.
+// Capabilities a side offers in its handshake; a path is used only when both offer it. Bits 0-3 and
+// 7 are the path backends', each defined with its backend in transport/<name>/ (docs/protocol.md
+// lists them); bit 4 is retired (descriptors in the cache table, shown to every linked peer) and
+// never offered. The bits below are not paths: every engine offers them.
 enum Capability : uint64_t {
-  kCapTcp = 1 << 0,
-  kCapSharedMemory = 1 << 1,  // map the peer's memfd
-  kCapCma = 1 << 2,           // process_vm_readv/writev on registered memory
-  kCapInProcess = 1 << 3,     // plain memcpy between two engines of one process
-  // 1 << 4: retired (UCX descriptors in the cache table, shown to every linked peer); never offered.
-  kCapCacheQuery = 1 << 5,    // answers CACHE_QUERY (a cache registered after linking); not a path
-  kCapKeyQuery = 1 << 6,      // answers CACHE_QUERY by cache key and by batch key too; not a path
-  kCapUcx = 1 << 7,           // UCP get/put; worker address and rkeys in UCX_INFO after CONFIRM (transport/ucx/)
-  kCapCrc32c = 1 << 8,        // serves and checks data requests with kFlagCrc32c; not a path
+  kCapCacheQuery = 1 << 5,    // answers CACHE_QUERY (a cache registered after linking)
+  kCapKeyQuery = 1 << 6,      // answers CACHE_QUERY by cache key and by batch key too
+  kCapCrc32c = 1 << 8,        // serves and checks data requests with kFlagCrc32c
 };
 
 enum class ConnKind : uint32_t { kCtrl = 1, kDataFwd = 2, kDataRev = 3 };
@@ -163,18 +160,13 @@ struct Confirm {
   bool local_exchange = false;  // the opener connects to the acceptor's local socket now
 };
 
-// UCX_INFO: the sender's UCP worker address and, for each cache of its link-time table it serves over
-// UCX, the packed rkeys and the rkey index of every tensor. Sent only after CONFIRM and only to a
-// peer that offered kCapUcx: these descriptors reach any memory of the sender (README, threat model).
-// An empty worker (no caches): no UCX from this side (the acceptor refusing the link, or no worker).
-struct UcxCacheKeys {
-  int64_t cache_id = 0;
-  std::vector<std::string> rkeys;  // 1..kMaxTableTensors, each 1..kMaxUcxBlob bytes
-  std::vector<uint32_t> key_of;    // per tensor: an index into rkeys
-};
-struct UcxInfo {
-  std::string worker;  // at most kMaxUcxBlob bytes
-  std::vector<UcxCacheKeys> caches;
+// BACKEND_ATTACH: one backend's attach data for this link (transport/backend.h AttachData), opaque
+// here and decoded by that backend alone. Sent only after CONFIRM, only to this peer and only for a
+// backend both sides offered: such data may reach the sender's memory without its serving it
+// (README, threat model), so it never goes in LINK_INFO, which any authenticated peer reads.
+struct BackendAttach {
+  uint8_t backend = 0;  // the index of the backend's capability bit: the receiver checks it is the one it expects
+  std::string data;     // at most kMaxLinkInfoPayload - 1 bytes (the frame's bound)
 };
 
 struct CacheRef {  // CACHE_GONE and CACHE_GONE_ACK
@@ -283,7 +275,7 @@ constexpr PayloadLimit kPayloadLimits[] = {
     {kLinkInfo, Channel::kHandshake, kMaxLinkInfoPayload},
     {kConfirm, Channel::kHandshake, kSmallPayload},
     {kBind, Channel::kHandshake, sizeof(Bind::mac)},
-    {kUcxInfo, Channel::kHandshake, kMaxLinkInfoPayload},  // worker address and rkeys of the link-time caches
+    {kBackendAttach, Channel::kHandshake, kMaxLinkInfoPayload},  // descriptors of the link-time caches
     {kCacheGone, Channel::kControl, kSmallPayload},
     {kCacheGoneAck, Channel::kControl, kSmallPayload},
     {kNotify, Channel::kControl, kMaxNotifyPayload},
@@ -314,7 +306,7 @@ void Encode(const Notify &m, std::string *out);
 void Encode(const KeyRef &m, std::string *out);
 void Encode(const CacheQuery &m, std::string *out);
 void Encode(const CacheInfo &m, std::string *out);
-void Encode(const UcxInfo &m, std::string *out);
+void Encode(const BackendAttach &m, std::string *out);
 void Encode(const CrcMismatch &m, std::string *out);
 
 bool Decode(const std::string &in, Hello *m);  // false also for another protocol version
@@ -329,7 +321,7 @@ bool Decode(const std::string &in, Notify *m);
 bool Decode(const std::string &in, KeyRef *m);  // false also for a negative key
 bool Decode(const std::string &in, CacheQuery *m);  // false also for a bad kind or key
 bool Decode(const std::string &in, CacheInfo *m);
-bool Decode(const std::string &in, UcxInfo *m);  // false also for out-of-range counts, sizes and indices
+bool Decode(const std::string &in, BackendAttach *m);  // false for an empty payload
 bool Decode(const std::string &in, CrcMismatch *m);
 
 }  // namespace kvblocks

@@ -51,7 +51,7 @@ bool GetDescriptor(Reader *r, TableEntry *c) {
     c->batch_keys.resize(len / 8);
     for (int64_t &k : c->batch_keys) k = body.Get<int64_t>();
   } else {
-    return true;  // a transport we do not know (or kind 4, retired: UCX goes in UCX_INFO): skip it
+    return true;  // a backend we do not know (or kind 4, retired: see table.h): skip it
   }
   return body.done();
 }
@@ -59,10 +59,7 @@ bool GetDescriptor(Reader *r, TableEntry *c) {
 }  // namespace
 
 uint64_t TableFootprint(const TableEntry &c) {
-  uint64_t n = kTableEntryBytes + 8 * (c.addrs.size() + c.batch_keys.size()) + 4 * c.ucx_key_of.size() +
-               c.ucx_worker.size();
-  for (const std::string &k : c.ucx_rkeys) n += sizeof(std::string) + k.size();
-  return n;
+  return kTableEntryBytes + 8 * (c.addrs.size() + c.batch_keys.size());
 }
 
 void EncodeTable(const std::vector<TableEntry> &caches, Writer *w) {

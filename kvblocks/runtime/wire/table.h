@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The cache table exchanged at link time. Each entry carries per-transport descriptors, so a peer
-// that does not know a transport skips its descriptor and still links over TCP.
+// The cache table exchanged at link time. Each entry carries per-backend descriptors, so a peer
+// that does not know a backend skips its descriptor and still links over the served path.
 #ifndef KVBLOCKS_RUNTIME_WIRE_TABLE_H_
 #define KVBLOCKS_RUNTIME_WIRE_TABLE_H_
 
@@ -18,10 +18,11 @@ struct Reader;
 
 enum DescriptorKind : uint8_t {
   kDescMemfd = 1,  // a runtime-owned memfd a same-host peer may map
-  kDescAddrs = 2,  // tensor addresses in the owner's address space (CMA, in-process)
+  kDescAddrs = 2,  // tensor addresses in the owner's address space (same-host and in-process backends)
   kDescBatchKeys = 3,  // the key bound to each batch index (CANN's cache_keys[i]; -1: none)
-  // 4: retired (UCX worker address and rkeys, shown to every linked peer); now in UCX_INFO, after
-  // CONFIRM, to UCX peers only (wire/messages.h). Skipped as unknown.
+  // 4: retired (descriptors that reach memory without its owner serving it, shown to every linked
+  // peer); such descriptors now go in BACKEND_ATTACH, after CONFIRM, to that peer only
+  // (wire/messages.h). Skipped as unknown.
 };
 
 struct MemfdDesc {
@@ -43,11 +44,6 @@ struct TableEntry {
   MemfdDesc memfd;
   std::vector<uint64_t> addrs;  // empty when not announced
   std::vector<int64_t> batch_keys;  // batch_keys[i] is bound to batch index i; empty when none
-  // Never in the table: the owner's UCP worker address, its packed rkeys and the rkey of each tensor,
-  // learned from UCX_INFO (ucx_key_of is empty when not announced; it needs addrs).
-  std::string ucx_worker;
-  std::vector<std::string> ucx_rkeys;
-  std::vector<uint32_t> ucx_key_of;
 };
 
 // The memory an entry holds once decoded and kept by a link (an upper estimate), for

@@ -24,9 +24,12 @@ bool CanAttach(int pid, const PeerIdentity &peer) {
 class Cma : public Backend {
  public:
   const char *name() const override { return "cma"; }
-  uint64_t capability() const override { return kCapCma; }
+  uint64_t capability() const override { return 1 << 2; }  // its handshake bit (docs/protocol.md)
+  const char *transport_option() const override { return "shm"; }
+  bool NeedsLocalExchange() const override { return true; }
+  bool Suits(const Link &link) const override { return link.same_host; }
   PathMode path_mode() const override { return PathMode::kLocalCopy; }
-  bool Offered(const OfferOptions &o) const override { return o.transport == "auto" || o.transport == "shm"; }
+  bool Offered(const BackendOptions &o) const override { return o.transport == "auto" || o.transport == "shm"; }
   bool Attach(Link *link, std::shared_ptr<PeerState> *) override {
     return !link->same_process && link->local.pid > 0 && CanAttach(link->local.pid, link->peer);
   }

@@ -181,7 +181,7 @@ class CmaPath : public Path {
   CmaPath(int pid, std::vector<uint64_t> remote) : pid_(pid), remote_(std::move(remote)) {}
   const char *name() const override { return "cma"; }
   PathMode mode() const override { return PathMode::kLocalCopy; }
-  Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
+  Status Execute(const Plan &plan, const LocalMemory &local, bool pull, int64_t deadline) override {
     if (plan.SmallRanges() && NoLongRange(plan)) return ExecuteMerged(plan, local, pull, deadline);
     const Chunking chunks(plan, kDeadlineCheckBytes);
     auto one = [&](size_t c) {
@@ -191,7 +191,7 @@ class CmaPath : public Path {
   }
 
  private:
-  Status ExecuteMerged(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) {
+  Status ExecuteMerged(const Plan &plan, const LocalMemory &local, bool pull, int64_t deadline) {
     const Merged m(plan, pull);  // sorts on this thread, before the pool shares the plan
     const size_t per = m.pieces();
     auto one = [&](size_t c) {

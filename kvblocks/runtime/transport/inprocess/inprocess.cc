@@ -12,9 +12,11 @@ namespace {
 class InProcess : public Backend {
  public:
   const char *name() const override { return "inprocess"; }
-  uint64_t capability() const override { return kCapInProcess; }
+  uint64_t capability() const override { return 1 << 3; }  // its handshake bit (docs/protocol.md)
+  const char *transport_option() const override { return "shm"; }
+  bool Suits(const Link &link) const override { return link.same_host; }
   PathMode path_mode() const override { return PathMode::kLocalCopy; }
-  bool Offered(const OfferOptions &o) const override { return o.transport == "auto" || o.transport == "shm"; }
+  bool Offered(const BackendOptions &o) const override { return o.transport == "auto" || o.transport == "shm"; }
   bool Attach(Link *link, std::shared_ptr<PeerState> *) override { return link->same_process; }
   std::shared_ptr<Path> PathFor(Link *link, PeerState *, RemoteCache &rc) override {
     if (rc.addrs.empty()) return nullptr;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Shared-memory backend: memcpy into a same-host peer's allocated cache (a memfd it sent over the
 // kernel-verified local exchange, transport/local_peer.h), mapped here.
-#include "cache/cache.h"
+#include "transport/memory.h"
 #include "link/link.h"
 #include "transport/backend.h"
 #include "transport/select.h"
@@ -13,10 +13,14 @@ namespace {
 class Shm : public Backend {
  public:
   const char *name() const override { return "shm"; }
-  uint64_t capability() const override { return kCapSharedMemory; }
+  uint64_t capability() const override { return 1 << 1; }  // its handshake bit (docs/protocol.md)
+  const char *transport_option() const override { return "shm"; }
+  bool NeedsLocalExchange() const override { return true; }
+  // Transport=shm: a verified same-host peer, whichever same-host backend reaches it.
+  bool Suits(const Link &link) const override { return link.same_host; }
   PathMode path_mode() const override { return PathMode::kLocalCopy; }
-  bool Offered(const OfferOptions &o) const override { return o.transport == "auto" || o.transport == "shm"; }
-  void Describe(const CacheEntry &e, TableEntry *t) const override {
+  bool Offered(const BackendOptions &o) const override { return o.transport == "auto" || o.transport == "shm"; }
+  void Describe(const LocalMemory &e, TableEntry *t) const override {
     if (!e.region) return;
     t->has_memfd = true;
     t->memfd = MemfdDesc{e.region->fd, e.region->ino, e.region->dev, e.region->size, e.pitch};

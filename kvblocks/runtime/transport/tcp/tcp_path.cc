@@ -80,7 +80,7 @@ XferRequest MakeRequest(const Plan &plan, const Piece &piece, int64_t cache_id, 
 }
 
 // Local side of the stream, in the order the peer gathers or scatters it.
-void LocalIov(const Plan &plan, const Piece &piece, const CacheEntry &local, bool pull, std::vector<iovec> *iov) {
+void LocalIov(const Plan &plan, const Piece &piece, const LocalMemory &local, bool pull, std::vector<iovec> *iov) {
   const auto &tensors = pull ? plan.dst_tensors : plan.src_tensors;
   for (uint32_t t : tensors) {
     uint8_t *base = local.tensor(t);
@@ -92,7 +92,7 @@ void LocalIov(const Plan &plan, const Piece &piece, const CacheEntry &local, boo
 }
 
 // The same stream as pairs (transport/checked.h), for kvblocks.Integrity=crc32c.
-PairList LocalPairs(const Plan &plan, const Piece &piece, const CacheEntry &local, bool pull) {
+PairList LocalPairs(const Plan &plan, const Piece &piece, const LocalMemory &local, bool pull) {
   const auto &tensors = pull ? plan.dst_tensors : plan.src_tensors;
   const size_t ns = piece.seg_end - piece.seg_begin;
   PairList out;
@@ -125,10 +125,11 @@ struct Pending {
 
 class TcpPath : public Path {
  public:
-  TcpPath(Link *link, int64_t cache_id) : link_(link), cache_id_(cache_id) {}
+  TcpPath(Link *link, std::shared_ptr<RequestChannels> channels, int64_t cache_id)
+      : link_(link), channels_(std::move(channels)), cache_id_(cache_id) {}
   const char *name() const override { return "tcp"; }
   PathMode mode() const override { return PathMode::kServed; }
-  Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override;
+  Status Execute(const Plan &plan, const LocalMemory &local, bool pull, int64_t deadline) override;
   const void *PipelineKey(const Plan &plan, bool pull) const override;
   void ExecutePipelined(PipeFeed *feed) override;
 
@@ -141,12 +142,13 @@ class TcpPath : public Path {
   Status Exchange(int fd, std::vector<iovec> &iov, size_t head, bool pull, bool inline_data, uint64_t total,
                   int64_t deadline, bool *reusable);
   // One request of a kvblocks.Integrity=crc32c transfer (kFlagCrc32c; transport/checked.h).
-  Status ExchangeChecked(int fd, const Plan &plan, const Piece &piece, const CacheEntry &local, bool pull,
+  Status ExchangeChecked(int fd, const Plan &plan, const Piece &piece, const LocalMemory &local, bool pull,
                          int64_t deadline, bool *reusable);
-  Status WriteDoneChecked(int fd, const Plan &plan, const Piece &piece, const CacheEntry &local, uint64_t pairs,
+  Status WriteDoneChecked(int fd, const Plan &plan, const Piece &piece, const LocalMemory &local, uint64_t pairs,
                           int64_t deadline, bool *reusable);
-  Status Mismatch(const Plan &plan, const Piece &piece, const CacheEntry &local, bool pull, uint64_t pair) const;
+  Status Mismatch(const Plan &plan, const Piece &piece, const LocalMemory &local, bool pull, uint64_t pair) const;
   Link *link_;  // owns this path
+  std::shared_ptr<RequestChannels> channels_;  // the link's pool (the served backend's state on it)
   int64_t cache_id_;
 };
 
@@ -201,7 +203,7 @@ Status TcpPath::Exchange(int fd, std::vector<iovec> &iov, size_t head, bool pull
 
 // Names the pair whose CRC differed by this side's tensor and block (pull: where it landed; push:
 // where it came from), the peer's cache and cluster.
-Status TcpPath::Mismatch(const Plan &plan, const Piece &piece, const CacheEntry &local, bool pull,
+Status TcpPath::Mismatch(const Plan &plan, const Piece &piece, const LocalMemory &local, bool pull,
                          uint64_t pair) const {
   const size_t ns = piece.seg_end - piece.seg_begin;
   const uint32_t t = (pull ? plan.dst_tensors : plan.src_tensors)[pair / ns];
@@ -222,7 +224,7 @@ Status TcpPath::Mismatch(const Plan &plan, const Piece &piece, const CacheEntry 
 }
 
 // WRITE_DONE of a checked write: success, a CRC mismatch (its pair), or a refusal.
-Status TcpPath::WriteDoneChecked(int fd, const Plan &plan, const Piece &piece, const CacheEntry &local,
+Status TcpPath::WriteDoneChecked(int fd, const Plan &plan, const Piece &piece, const LocalMemory &local,
                                  uint64_t pairs, int64_t deadline, bool *reusable) {
   FrameHeader h;
   const IoResult r = RecvReplyHeader(fd, &h, deadline);
@@ -243,7 +245,7 @@ Status TcpPath::WriteDoneChecked(int fd, const Plan &plan, const Piece &piece, c
   return Mismatch(plan, piece, local, false, m.pair);
 }
 
-Status TcpPath::ExchangeChecked(int fd, const Plan &plan, const Piece &piece, const CacheEntry &local, bool pull,
+Status TcpPath::ExchangeChecked(int fd, const Plan &plan, const Piece &piece, const LocalMemory &local, bool pull,
                                 int64_t deadline, bool *reusable) {
   std::string body;
   Encode(MakeRequest(plan, piece, cache_id_, pull, deadline, link_->clock_offset_ns), &body);
@@ -280,7 +282,7 @@ Status TcpPath::ExchangeChecked(int fd, const Plan &plan, const Piece &piece, co
   return Mismatch(plan, piece, local, true, bad);
 }
 
-Status TcpPath::Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) {
+Status TcpPath::Execute(const Plan &plan, const LocalMemory &local, bool pull, int64_t deadline) {
   // The caller's engine decides (kvblocks.Integrity); a peer that cannot check is refused, never skipped.
   if (link_->integrity && (link_->capabilities & kCapCrc32c) == 0)
     return Fail(LLM_FEATURE_NOT_ENABLED,
@@ -288,7 +290,7 @@ Status TcpPath::Execute(const Plan &plan, const CacheEntry &local, bool pull, in
                 "kvblocks); refusing to move the bytes unchecked",
                 static_cast<unsigned long long>(link_->remote_cluster_id));
   Status st;
-  const int fd = link_->AcquireChannel(deadline, &st);
+  const int fd = channels_->Acquire(deadline, &st);
   if (fd < 0) return st;
   bool reusable = true;
   st = LLM_SUCCESS;
@@ -316,7 +318,7 @@ Status TcpPath::Execute(const Plan &plan, const CacheEntry &local, bool pull, in
     st = Exchange(fd, iov, 2, pull, inline_data, total, deadline, &reusable);
     if (st != LLM_SUCCESS) break;
   }
-  link_->ReleaseChannel(fd, reusable);
+  channels_->Release(fd, reusable);
   if (st == LLM_LINK_FAILED && NowNs() >= deadline - Slack() && link_->alive.load()) st = LLM_TIMEOUT;
   return st;
 }
@@ -424,7 +426,7 @@ void TcpPath::ExecutePipelined(PipeFeed *feed) {
   PipeItem it;
   if (!feed->Next(&it)) return;
   Status st;
-  const int fd = link_->AcquireChannel(it.deadline, &st);
+  const int fd = channels_->Acquire(it.deadline, &st);
   if (fd < 0) {
     feed->Done(it, st);
     return;  // the rest stay queued and start on their own
@@ -463,13 +465,13 @@ void TcpPath::ExecutePipelined(PipeFeed *feed) {
     ClearLastError();
     feed->Done(p.item, Fail(LLM_LINK_FAILED, "an earlier transfer on the same data channel failed"));
   }
-  link_->ReleaseChannel(fd, !broken);
+  channels_->Release(fd, !broken);
 }
 
 }  // namespace
 
-std::unique_ptr<Path> MakeTcpPath(Link *link, int64_t remote_cache_id) {
-  return std::unique_ptr<Path>(new TcpPath(link, remote_cache_id));
+std::unique_ptr<Path> MakeTcpPath(Link *link, std::shared_ptr<RequestChannels> channels, int64_t remote_cache_id) {
+  return std::unique_ptr<Path>(new TcpPath(link, std::move(channels), remote_cache_id));
 }
 
 }  // namespace kvblocks

@@ -5,12 +5,14 @@
 #include <cstdint>
 #include <memory>
 
+#include "transport/backend.h"
 #include "transport/path.h"
 
 namespace kvblocks {
 
-// Requests over the link's data channels, served by the peer (tcp/tcp_serve.cc).
-std::unique_ptr<Path> MakeTcpPath(Link *link, int64_t remote_cache_id);
+// Requests over the link's data channels (`channels`, the link's pool), served by the peer
+// (tcp/tcp_serve.cc).
+std::unique_ptr<Path> MakeTcpPath(Link *link, std::shared_ptr<RequestChannels> channels, int64_t remote_cache_id);
 
 }  // namespace kvblocks
 

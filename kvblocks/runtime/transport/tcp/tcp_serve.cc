@@ -22,13 +22,13 @@ namespace {
 
 struct Request {
   XferRequest wire;
-  std::shared_ptr<CacheEntry> cache;
+  std::shared_ptr<LocalMemory> cache;
   int64_t deadline = 0;
   std::vector<uint8_t *> bases;  // one per requested tensor, in wire order
 };
 
 // Checks every range against our own table before anything is touched.
-Status CheckRequest(Request *req, const CacheRegistry &caches) {
+Status CheckRequest(Request *req, const LocalTable &caches) {
   const XferRequest &q = req->wire;
   // Two views of the requester's deadline, and the earlier wins: the absolute one (its clock plus
   // the offset measured at link time) still holds if we were frozen before reading this request;
@@ -36,9 +36,9 @@ Status CheckRequest(Request *req, const CacheRegistry &caches) {
   if (q.deadline <= 0 || q.budget <= 0) return LLM_PARAM_INVALID;
   const int64_t now = NowNs();
   req->deadline = std::min({q.deadline, now + q.budget, now + kMaxServeNs});
-  req->cache = caches.Find(q.cache_id);
+  req->cache = caches.FindMemory(q.cache_id);
   if (!req->cache) return LLM_KV_CACHE_NOT_EXIST;
-  const CacheEntry &c = *req->cache;
+  const LocalMemory &c = *req->cache;
   if (q.tensors.empty() || q.tensors.size() > c.num_tensors || q.ranges.empty()) return LLM_PARAM_INVALID;
   uint64_t per_tensor = 0, end, total;
   for (const ByteRange &g : q.ranges) {
@@ -155,7 +155,7 @@ bool RefuseWrite(int fd, RecvBuffer &rb, const XferRequest &q, bool inline_data,
 
 // Returns false when the connection must be closed.
 bool ServeRequest(int fd, RecvBuffer &rb, const FrameHeader &h, const std::string &payload,
-                  const CacheRegistry &caches, const Link *link) {
+                  const LocalTable &caches, const Link *link) {
   Request req;
   Status st;
   bool decoded = false;
@@ -165,10 +165,10 @@ bool ServeRequest(int fd, RecvBuffer &rb, const FrameHeader &h, const std::strin
   } catch (const std::bad_alloc &) {
     st = LLM_OUT_OF_MEMORY;
   }
-  std::unique_ptr<CacheUse> use;
+  std::unique_ptr<MemoryUse> use;
   std::unique_ptr<ServingFd> serving;  // released before `use`
   if (st == LLM_SUCCESS) {
-    use.reset(new CacheUse(*req.cache));
+    use.reset(new MemoryUse(*req.cache));
     if (!use->ok) st = LLM_KV_CACHE_NOT_EXIST;  // unregistered while we checked
     else serving.reset(new ServingFd(req.cache.get(), fd));
   }
@@ -182,7 +182,7 @@ bool ServeRequest(int fd, RecvBuffer &rb, const FrameHeader &h, const std::strin
 
 }  // namespace
 
-void ServeChannel(int fd, Link *link, const CacheRegistry &caches) {
+void ServeChannel(int fd, Link *link, const LocalTable &caches) {
   std::string payload;
   RecvBuffer rb(fd);  // pipelined requests arrive back to back: read them a buffer at a time
   for (;;) {

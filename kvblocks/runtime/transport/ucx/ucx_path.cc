@@ -14,19 +14,21 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <vector>
 
-#include "cache/cache.h"
+#include "transport/memory.h"
 #include "common/error.h"
 #include "common/util.h"
+#include "kvblocks/ext_types.h"
 #include "link/link.h"
 #include "transport/backend.h"
 #include "transport/backend_abi.h"
 #include "transport/path.h"
 #include "transport/plugin.h"
 #include "transport/registry.h"
-#include "wire/messages.h"
+#include "transport/ucx/ucx_info.h"
 
 namespace kvblocks {
 
@@ -197,7 +199,7 @@ std::string PackedRkey(kvb_mem *m) {
 }
 
 // One mapping for an allocated cache's region, else one per tensor (user memory may lie anywhere).
-std::shared_ptr<UcxRegistration> Register(const std::shared_ptr<UcxContext> &ctx, const CacheEntry &e) {
+std::shared_ptr<UcxRegistration> Register(const std::shared_ptr<UcxContext> &ctx, const LocalMemory &e) {
   auto r = std::make_shared<UcxRegistration>();
   r->ctx = ctx;
   char err[256] = {};
@@ -226,7 +228,30 @@ std::shared_ptr<UcxRegistration> Register(const std::shared_ptr<UcxContext> &ctx
 
 Backend *UcxBackend();
 
-void UcxAnnounce(const std::shared_ptr<UcxContext> &ctx, CacheEntry *cache, TableEntry *entry) {
+namespace {
+
+constexpr uint64_t kCapUcx = 1 << 7;  // the handshake bit (docs/protocol.md)
+
+// The engine's worker: made on its first UCX link, on the interface of that link's control
+// connection (an acceptor's: its listen address); it stays there for later links.
+class UcxEngine : public EngineState {
+ public:
+  std::shared_ptr<UcxContext> Context(int fd, std::string *why) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (ctx_) return ctx_;
+    const std::string devices = UcxDevicesOf(fd, why);
+    if (!devices.empty()) ctx_ = MakeUcxContext(devices, why);
+    return ctx_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::shared_ptr<UcxContext> ctx_;  // gone once the engine and the last endpoint and registration let go
+};
+
+// Registers `cache` with the worker (once; the registration lives as long as the cache, or until
+// Unregister) and gives its keys for UCX_INFO; false when it stays off UCX.
+bool Announce(const std::shared_ptr<UcxContext> &ctx, LocalMemory *cache, const TableEntry &shown, UcxCacheKeys *out) {
   std::shared_ptr<UcxRegistration> r;
   {
     std::lock_guard<std::mutex> g(cache->regs_mu);
@@ -234,14 +259,12 @@ void UcxAnnounce(const std::shared_ptr<UcxContext> &ctx, CacheEntry *cache, Tabl
     if (!slot && !cache->closing.load()) slot = Register(ctx, *cache);
     r = std::static_pointer_cast<UcxRegistration>(slot);
   }
-  if (!r || r->ctx != ctx || entry->addrs.empty()) return;
-  entry->ucx_worker = ctx->address();
-  entry->ucx_rkeys = r->rkeys;
-  entry->ucx_key_of = r->key_of;
+  if (!r || r->ctx != ctx || shown.addrs.empty()) return false;
+  *out = UcxCacheKeys{shown.id, r->rkeys, r->key_of};
+  return true;
 }
 
-namespace {
-void Forget(CacheEntry *cache) {
+void Forget(LocalMemory *cache) {
   std::shared_ptr<void> r;  // unmapped here, outside the lock
   std::lock_guard<std::mutex> g(cache->regs_mu);
   auto it = cache->regs.find(UcxBackend());
@@ -249,23 +272,33 @@ void Forget(CacheEntry *cache) {
   r.swap(it->second);
   cache->regs.erase(it);
 }
+
+// What the peer's UCX_INFO taught us: its worker address and its caches' keys, by cache id.
+struct UcxLearned : PeerState {
+  std::string worker;
+  std::map<int64_t, UcxCacheKeys> caches;
+};
+
 }  // namespace
 
 // ------------------------------------------------------------------ endpoint, path
 // The endpoint to one peer's worker: the backend's state on that link.
 class UcxPeer : public PeerState, public std::enable_shared_from_this<UcxPeer> {
  public:
-  UcxPeer(std::shared_ptr<UcxContext> ctx, kvb_ep *ep, std::string worker)
-      : ctx_(std::move(ctx)), ep_(ep), worker_(std::move(worker)) {}
+  UcxPeer(std::shared_ptr<UcxContext> ctx, kvb_ep *ep, std::shared_ptr<const UcxLearned> learned)
+      : ctx_(std::move(ctx)), ep_(ep), learned_(std::move(learned)) {}
   ~UcxPeer() override { Api()->close(ep_); }
   kvb_ep *ep() const { return ep_; }
   const std::shared_ptr<UcxContext> &ctx() const { return ctx_; }
-  const std::string &worker() const { return worker_; }
+  const UcxCacheKeys *KeysOf(int64_t cache_id) const {
+    auto it = learned_->caches.find(cache_id);
+    return it == learned_->caches.end() ? nullptr : &it->second;
+  }
 
  private:
   std::shared_ptr<UcxContext> ctx_;
   kvb_ep *ep_;
-  std::string worker_;  // the peer's worker address the endpoint reaches
+  std::shared_ptr<const UcxLearned> learned_;  // the peer's worker (the endpoint's) and keys
 };
 
 namespace {
@@ -274,8 +307,9 @@ int LinkUp(void *link) { return static_cast<Link *>(link)->alive.load() ? 1 : 0;
 
 class UcxPath : public Path {
  public:
-  UcxPath(std::shared_ptr<UcxPeer> peer, Link *link, std::vector<kvb_rkey *> rkeys, const RemoteCache &rc)
-      : peer_(std::move(peer)), link_(link), rkeys_(std::move(rkeys)), remote_(rc.addrs), key_of_(rc.ucx_key_of) {}
+  UcxPath(std::shared_ptr<UcxPeer> peer, Link *link, std::vector<kvb_rkey *> rkeys, const RemoteCache &rc,
+          const UcxCacheKeys &keys)
+      : peer_(std::move(peer)), link_(link), rkeys_(std::move(rkeys)), remote_(rc.addrs), key_of_(keys.key_of) {}
   ~UcxPath() override {
     for (kvb_rkey *k : rkeys_) Api()->rkey_destroy(k);
   }
@@ -284,7 +318,7 @@ class UcxPath : public Path {
 
   // One operation per merged run of each tensor pair; the ranges were checked against both
   // tables (engine/transfer.cc) before this is called.
-  Status Execute(const Plan &plan, const CacheEntry &local, bool pull, int64_t deadline) override {
+  Status Execute(const Plan &plan, const LocalMemory &local, bool pull, int64_t deadline) override {
     const std::shared_ptr<UcxRegistration> mine = LocalMappings(local);  // held: mapped until we return
     std::vector<kvb_op> ops;
     ops.reserve(plan.src_tensors.size() * plan.segs.size());
@@ -311,7 +345,7 @@ class UcxPath : public Path {
  private:
   // The local cache's mappings on this path's context, when it has been announced (else UCX finds
   // or makes its own).
-  std::shared_ptr<UcxRegistration> LocalMappings(const CacheEntry &local) const {
+  std::shared_ptr<UcxRegistration> LocalMappings(const LocalMemory &local) const {
     std::lock_guard<std::mutex> g(local.regs_mu);
     auto it = local.regs.find(UcxBackend());
     auto r = it == local.regs.end() ? nullptr : std::static_pointer_cast<UcxRegistration>(it->second);
@@ -326,9 +360,9 @@ class UcxPath : public Path {
 };
 
 // The peer's rkeys for one cache; empty when any fails to unpack.
-std::vector<kvb_rkey *> Unpack(kvb_ep *ep, const RemoteCache &rc) {
+std::vector<kvb_rkey *> Unpack(kvb_ep *ep, const UcxCacheKeys &keys) {
   std::vector<kvb_rkey *> out;
-  for (const std::string &k : rc.ucx_rkeys) {
+  for (const std::string &k : keys.rkeys) {
     kvb_rkey *h = Api()->rkey_unpack(ep, k.data(), k.size());
     if (h == nullptr) {
       for (kvb_rkey *x : out) Api()->rkey_destroy(x);
@@ -339,76 +373,131 @@ std::vector<kvb_rkey *> Unpack(kvb_ep *ep, const RemoteCache &rc) {
   return out;
 }
 
-}  // namespace
+// Attaches after CONFIRM, from the peer's UCX_INFO (AttachAfterConfirm), never at ChoosePaths.
+class Ucx : public Backend {
+ public:
+  const char *name() const override { return "ucx"; }
+  uint64_t capability() const override { return kCapUcx; }
+  PathMode path_mode() const override { return PathMode::kRemoteDma; }
+  const char *transport_option() const override { return "ucx"; }
+  // auto offers UCX (for peers on other hosts) only on a trusted network, without integrity checks
+  // (one-sided RMA is never checked) and when the plugin loads; loading it is its first use.
+  bool Offered(const BackendOptions &o) const override {
+    return o.transport == "ucx" || (o.transport == "auto" && o.trusted_network && !o.integrity && UcxAvailable());
+  }
+  bool Available(std::string *why) const override { return UcxAvailable(why); }
+  Status CheckOptions(const BackendOptions &o) const override;
+  void Unregister(LocalMemory *cache) override { Forget(cache); }
+  bool Attach(Link *, std::shared_ptr<PeerState> *) override { return false; }
+  std::shared_ptr<Path> PathFor(Link *link, PeerState *state, RemoteCache &rc) override {
+    auto *peer = static_cast<UcxPeer *>(state);
+    const UcxCacheKeys *keys = peer == nullptr ? nullptr : peer->KeysOf(rc.id);
+    if (keys == nullptr) return nullptr;
+    std::vector<kvb_rkey *> rkeys = Unpack(peer->ep(), *keys);
+    if (rkeys.empty()) return nullptr;
+    return std::make_shared<UcxPath>(peer->shared_from_this(), link, std::move(rkeys), rc, *keys);
+  }
 
-bool UcxTake(const UcxInfo &info, Link *link) {
+  bool ExchangesAttachData() const override { return true; }
+  std::shared_ptr<EngineState> NewEngineState() const override { return std::make_shared<UcxEngine>(); }
+  std::string AttachData(const AttachEnv &env, const std::vector<TableEntry> &shown, bool refuse) override;
+  bool TakeAttachData(const Link &link, const std::string &data, std::shared_ptr<PeerState> *learned) override;
+  bool AttachAfterConfirm(const AttachEnv &env, Link *link, std::shared_ptr<PeerState> learned, bool required,
+                          std::string *why) override;
+};
+
+// The worker itself starts with the first UCX link, bound to that link's interface. The checks run
+// in this order (the first refusal is the one reported).
+Status Ucx::CheckOptions(const BackendOptions &o) const {
+  const bool selected = o.transport == "ucx";
+  // UCX moves bytes one-sided (RMA): no peer reads the source, so nothing could compute the CRC.
+  if (o.integrity && selected)
+    return Fail(LLM_PARAM_INVALID, "option %s=crc32c needs a served path: use %s=tcp or auto (UCX's one-sided RMA "
+                "is never checked)", OPTION_INTEGRITY, OPTION_TRANSPORT);
+  std::string why;
+  if (selected && !o.trusted_network)
+    return Fail(LLM_PARAM_INVALID,
+                "option %s=ucx needs %s=1: UCX's software RMA lets any host that reaches the worker read and "
+                "write this whole process; use it only on a network you trust",
+                OPTION_TRANSPORT, OPTION_UCX_TRUSTED_NETWORK);
+  if (selected && !Available(&why)) return Fail(LLM_PARAM_INVALID, "option %s=ucx: %s", OPTION_TRANSPORT, why.c_str());
+  // UCX's own transports would carry the blocks in clear.
+  if (o.encryption == "tls" && (selected || o.trusted_network))
+    return Fail(LLM_PARAM_INVALID, "option %s=tls cannot be used with UCX (%s=ucx or %s=1): UCX would carry the "
+                "blocks unencrypted", OPTION_ENCRYPTION, OPTION_TRANSPORT, OPTION_UCX_TRUSTED_NETWORK);
+  return LLM_SUCCESS;
+}
+
+// Our worker address and the rkeys of `shown` (our link-time table), for a peer that offered UCX and
+// sent CONFIRM. Empty when `refuse` or when no worker could be made.
+std::string Ucx::AttachData(const AttachEnv &env, const std::vector<TableEntry> &shown, bool refuse) {
+  UcxInfo info;
+  std::string why;
+  auto *engine = static_cast<UcxEngine *>(env.engine.get());
+  const std::shared_ptr<UcxContext> ctx = refuse || engine == nullptr ? nullptr : engine->Context(env.ctrl_fd, &why);
+  for (const TableEntry &t : shown) {
+    std::shared_ptr<LocalMemory> e = ctx ? env.find_cache(t.id) : nullptr;
+    UcxCacheKeys k;
+    if (!e || !Announce(ctx, e.get(), t, &k)) continue;
+    info.worker = ctx->address();
+    info.caches.push_back(std::move(k));
+  }
+  std::string out;
+  Encode(info, &out);
+  return out;
+}
+
+// The whole message is refused (nothing taken) when it is malformed, or names a cache the link-time
+// table lacks, one without addresses, or with another tensor count.
+bool Ucx::TakeAttachData(const Link &link, const std::string &data, std::shared_ptr<PeerState> *learned) {
+  UcxInfo info;
+  if (!Decode(data, &info)) return false;
   for (const UcxCacheKeys &k : info.caches) {
-    auto it = link->caches.find(k.cache_id);
-    if (it == link->caches.end() || it->second.addrs.empty() || k.key_of.size() != it->second.num_tensors)
+    auto it = link.caches.find(k.cache_id);
+    if (it == link.caches.end() || it->second.addrs.empty() || k.key_of.size() != it->second.num_tensors)
       return false;
   }
-  for (const UcxCacheKeys &k : info.caches) {
-    RemoteCache &rc = link->caches.at(k.cache_id);
-    rc.ucx_worker = info.worker;
-    rc.ucx_rkeys = k.rkeys;
-    rc.ucx_key_of = k.key_of;
-  }
+  if (info.worker.empty()) return true;  // no UCX from that side
+  auto l = std::make_shared<UcxLearned>();
+  l->worker = std::move(info.worker);
+  for (UcxCacheKeys &k : info.caches) l->caches[k.cache_id] = std::move(k);
+  *learned = std::move(l);
   return true;
 }
 
-bool UcxAttach(const std::shared_ptr<UcxContext> &ctx, Link *link, bool force, std::string *why) {
+// Transport=ucx: every cache the peer announced over UCX, and the link fails without it; auto: peers
+// on other hosts, the caches still on a served path.
+bool Ucx::AttachAfterConfirm(const AttachEnv &env, Link *link, std::shared_ptr<PeerState> learned, bool required,
+                             std::string *why) {
+  if (!required && ((link->capabilities & kCapUcx) == 0 || link->same_host)) return true;
+  auto *engine = static_cast<UcxEngine *>(env.engine.get());
+  const std::shared_ptr<UcxContext> ctx = engine == nullptr ? nullptr : engine->Context(env.ctrl_fd, why);
   if (!ctx || (link->capabilities & kCapUcx) == 0) {
     if (ctx || why->empty()) *why = !ctx ? "UCX is not available here" : "the peer does not offer UCX";
     return false;
   }
-  const RemoteCache *first = nullptr;  // the descriptors came in the peer's UCX_INFO (UcxTake)
-  for (const auto &kv : link->caches)
-    if (!kv.second.ucx_key_of.empty() && (first = &kv.second) != nullptr) break;
-  if (first == nullptr) {
+  auto peer_info = std::static_pointer_cast<const UcxLearned>(learned);
+  if (!peer_info || peer_info->caches.empty()) {
     *why = "the peer announced no cache over UCX";
     return link->caches.empty();  // nothing to reach: not a failure
   }
   // UCX parses the address itself and asserts (aborts) on some malformed ones: take only an address
   // of our own format version (the low nibble of its first byte), the cheapest check of a garbled one.
   const std::string &mine = ctx->address();
-  if (mine.empty() || ((first->ucx_worker[0] ^ mine[0]) & 0x0f) != 0) {
+  const std::string &theirs = peer_info->worker;
+  if (mine.empty() || ((theirs[0] ^ mine[0]) & 0x0f) != 0) {
     *why = "the peer's UCP worker address has another format version";
     return false;
   }
   char err[256] = {};
-  kvb_ep *ep = Api()->connect(ctx->get(), first->ucx_worker.data(), first->ucx_worker.size(), err, sizeof(err));
+  kvb_ep *ep = Api()->connect(ctx->get(), theirs.data(), theirs.size(), err, sizeof(err));
   if (ep == nullptr) {
     *why = err;
     return false;
   }
-  AttachLater(link, UcxBackend(), std::make_shared<UcxPeer>(ctx, ep, first->ucx_worker), force);
+  AttachLater(link, UcxBackend(), std::make_shared<UcxPeer>(ctx, ep, std::move(peer_info)), required);
   return true;
 }
-
-namespace {
-
-// Attaches after CONFIRM, from the peer's UCX_INFO (UcxAttach), never at ChoosePaths.
-class Ucx : public Backend {
- public:
-  const char *name() const override { return "ucx"; }
-  uint64_t capability() const override { return kCapUcx; }
-  PathMode path_mode() const override { return PathMode::kRemoteDma; }
-  // auto offers UCX (for peers on other hosts) only on a trusted network and when the plugin loads;
-  // loading it is its first use. Transport=ucx is refused without a trusted network (lifecycle.cc).
-  bool Offered(const OfferOptions &o) const override {
-    return o.transport == "ucx" || (o.transport == "auto" && o.trusted_network && UcxAvailable());
-  }
-  bool Available(std::string *why) const override { return UcxAvailable(why); }
-  void Unregister(CacheEntry *cache) override { Forget(cache); }
-  bool Attach(Link *, std::shared_ptr<PeerState> *) override { return false; }
-  std::shared_ptr<Path> PathFor(Link *link, PeerState *state, RemoteCache &rc) override {
-    auto *peer = static_cast<UcxPeer *>(state);
-    if (peer == nullptr || rc.ucx_key_of.empty() || rc.ucx_worker != peer->worker()) return nullptr;
-    std::vector<kvb_rkey *> keys = Unpack(peer->ep(), rc);
-    if (keys.empty()) return nullptr;
-    return std::make_shared<UcxPath>(peer->shared_from_this(), link, std::move(keys), rc);
-  }
-};
 
 }  // namespace
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Runtime-owned shared memory (memfd), mappable by a same-host peer.
-#ifndef KVBLOCKS_RUNTIME_CACHE_REGION_H_
-#define KVBLOCKS_RUNTIME_CACHE_REGION_H_
+#ifndef KVBLOCKS_RUNTIME_TRANSPORT_REGION_H_
+#define KVBLOCKS_RUNTIME_TRANSPORT_REGION_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -23,4 +23,4 @@ struct SharedRegion {
 
 }  // namespace kvblocks
 
-#endif  // KVBLOCKS_RUNTIME_CACHE_REGION_H_
+#endif  // KVBLOCKS_RUNTIME_TRANSPORT_REGION_H_

@@ -8,7 +8,7 @@
 
 #include <cstdio>
 
-#include "cache/region.h"
+#include "transport/region.h"
 
 namespace kvblocks {
 
