@@ -25,6 +25,7 @@
 #include "kvblocks/rules.h"
 #include "link/control.h"
 #include "link/linker.h"
+#include "link/listener.h"
 #include "link/registry.h"
 #include "metrics/stats.h"
 #include "transport/local_peer.h"
@@ -59,7 +60,7 @@ struct TransferFree {
 };
 using TransferPtr = std::unique_ptr<Transfer, TransferFree>;
 
-class Impl : private LinkerHost {
+class Impl : private LinkerHost, private ListenerHost {
  public:
   Impl(uint64_t cluster_id, LlmRole role);
   ~Impl();
@@ -95,7 +96,7 @@ class Impl : private LinkerHost {
   bool LastLinkFailure(uint64_t cluster_id, LinkFailure *out) { return linker_.LastLinkFailure(cluster_id, out); }
   // The address the listener is bound to ("ip:port", "[ip6]:port", with the port the kernel chose
   // for port 0), or "" when this engine does not listen.
-  std::string ListenAddress();
+  std::string ListenAddress() { return listener_.Address(); }
   bool HasLinks() const { return !links_.empty(); }
   Status SetBatchKeys(int64_t cache_id, const std::vector<int64_t> &keys);
   Status FindRemoteKey(uint64_t cluster_id, int64_t key, int64_t *cache_id, uint32_t *batch_index);
@@ -142,25 +143,20 @@ class Impl : private LinkerHost {
  private:
   bool initialized() const { return initialized_.load(std::memory_order_acquire); }
   // lifecycle.cc
-  Status StartListening(const std::string &ip, uint32_t port);
-  void StopListening();
-  void ListenLoop(int lfd);
-  void AcceptBatch(int lfd);           // accepts what is queued, each into a slot
-  void AdmitPreauth(int fd);           // under workers_mu_: a slot, dropping the oldest when full
-  void StartHandshake(int fd);         // its HELLO is here (or it closed): a thread takes it
-  void ExpirePreauth(bool all);        // closes waiting connections past kAuthNs (all: every one)
   void ReapWorkers(bool all);
   Status CheckRole(bool pull) const;
   // links.cc: LinkerHost, what the linker (link/linker.h) asks of the engine
   std::vector<TableEntry> DescribeCaches() override;
   void AddMemfds(const std::vector<TableEntry> &shown, LocalFds *out, std::vector<std::shared_ptr<void>> *keep) override;
   void AnnounceUcx(const std::shared_ptr<UcxContext> &ctx, TableEntry *entry) override;
-  bool Spawn(std::function<void()> fn) override;  // lifecycle.cc
+  bool Spawn(std::function<void()> fn) override;  // lifecycle.cc; ListenerHost's too
   void Serve(int fd, const std::shared_ptr<struct Link> &link) override;
-  void TrackLoose(int fd) override;
-  void ForgetLoose(int fd) override;
-  bool LeavePreauth(int fd) override;
+  void TrackLoose(int fd) override { listener_.TrackLoose(fd); }
+  void ForgetLoose(int fd) override { listener_.ForgetLoose(fd); }
+  bool LeavePreauth(int fd) override { return listener_.LeavePreauth(fd); }
   bool Running() const override;
+  // ListenerHost: a connection accepted by listener_ goes to the linker
+  void Handshake(int fd) override { linker_.Accept(fd); }
   // lifecycle.cc: the engine's control frames into control_'s table (reverse channels, notify, keys,
   // late caches), once, at construction.
   void RegisterFrames();
@@ -255,23 +251,11 @@ class Impl : private LinkerHost {
   ControlChannel control_{&links_};  // every link's control loop; handlers registered at construction
   Linker linker_{cluster_id_, this, &links_, &control_, &stats_, &table_mu_, &stopping_};  // makes and ends links
 
-  // listener and worker threads
+  Listener listener_{this, &stopping_};  // llm.ListenIpInfo: accept loop, pre-auth slots (link/listener.h)
+
+  // runtime threads (Spawn), joined by ReapWorkers
   std::mutex workers_mu_;
   std::list<Worker> workers_;
-  std::set<int> loose_fds_;  // sockets still handshaking
-  // Accepted, not yet authenticated (the kMaxHandshakes slots): fd -> accept time, and whether a
-  // handshake thread has it. Until its whole HELLO has arrived a connection waits in ListenLoop's
-  // poll, without a thread: a connect flood costs the listener an accept and a close each.
-  struct Preauth {
-    int64_t since;
-    bool threaded;
-  };
-  std::map<int, Preauth> preauth_;
-  int64_t preauth_logged_ = 0;  // when a dropped slot was last logged: a flood logs once a second
-  int listen_fd_ = -1;
-  std::string listen_ip_;
-  uint32_t listen_port_ = 0;   // as asked (0: any)
-  uint16_t bound_port_ = 0;    // as bound
   // The options of the Initialize that took effect: a second Initialize names those it ignores.
   std::map<std::string, std::string> init_options_;
 

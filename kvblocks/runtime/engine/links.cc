@@ -103,21 +103,6 @@ void Impl::AnnounceUcx(const std::shared_ptr<UcxContext> &ctx, TableEntry *entry
 
 void Impl::Serve(int fd, const std::shared_ptr<struct Link> &link) { ServeChannel(fd, link.get(), caches_); }
 
-void Impl::TrackLoose(int fd) {
-  std::lock_guard<std::mutex> g(workers_mu_);
-  loose_fds_.insert(fd);
-}
-
-void Impl::ForgetLoose(int fd) {
-  std::lock_guard<std::mutex> g(workers_mu_);
-  loose_fds_.erase(fd);
-}
-
-bool Impl::LeavePreauth(int fd) {
-  std::lock_guard<std::mutex> g(workers_mu_);
-  return preauth_.erase(fd) != 0;
-}
-
 bool Impl::Running() const { return initialized(); }
 
 }  // namespace kvblocks
