@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Asynchronous blocks transfers: the caller's thread runs every check of the synchronous call and
-// builds the plan (Impl::PrepareBlocks); a pool of runtime threads moves the bytes
+// builds the plan (engine/checks.h); a pool of runtime threads moves the bytes
 // (Impl::ExecuteDetached) and completes the handle. Completion needs no caller thread.
 #include <sched.h>
 
@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/limits.h"
 #include "common/util.h"
+#include "engine/checks.h"
 #include "engine/engine.h"
 #include "engine/transfer.h"
 #include "kvblocks/async.h"
@@ -324,7 +325,8 @@ Status Impl::SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *o
   for (size_t i = 0; i < n; ++i) {
     TransferPtr t = NewTransfer();
     t->kind = reqs[i].pull ? metrics::kPullBlocksAsync : metrics::kPushBlocksAsync;
-    const Status st = PrepareBlocks(t.get(), reqs[i]);
+    const BlocksRequest &r = reqs[i];
+    const Status st = checks_->Blocks(t.get(), r.pull, r.remote, r.local, r.src_blocks, r.dst_blocks, r.ext);
     if (st != LLM_SUCCESS) {
       *failed = i;
       return Tally(t.get(), st);  // `prepared` holds no lock: nothing was submitted
@@ -341,7 +343,7 @@ Status Impl::SubmitOne(bool pull, const CacheIndex &remote, const Cache &local, 
                        const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext, TransferHandle *out) {
   TransferPtr t = NewTransfer();
   t->kind = pull ? metrics::kPullBlocksAsync : metrics::kPushBlocksAsync;
-  Status st = PrepareBlocks(t.get(), pull, remote, local, src_blocks, dst_blocks, ext);
+  Status st = checks_->Blocks(t.get(), pull, remote, local, src_blocks, dst_blocks, ext);
   if (st != LLM_SUCCESS) return Tally(t.get(), st);
   if (InlineCopy(t.get())) {
     // A copy this small costs less than handing it to a worker (a futex wake-up and a switch):

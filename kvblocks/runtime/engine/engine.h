@@ -48,16 +48,14 @@ class AsyncPool;
 class Notifier;
 class KeyRelease;
 class LateCaches;
+class Checks;
 class LayerPool;
 struct LayerItem;
 struct LayerPushState;
 struct Plan;
 class UcxContext;
 class TlsContext;
-// Frees a Transfer (defined in transfer.cc) on the thread that holds its locks.
-struct TransferFree {
-  void operator()(Transfer *t) const;
-};
+struct TransferFree;  // engine/transfer.h
 using TransferPtr = std::unique_ptr<Transfer, TransferFree>;
 
 class Impl : private LinkerHost, private ListenerHost {
@@ -144,7 +142,6 @@ class Impl : private LinkerHost, private ListenerHost {
   bool initialized() const { return initialized_.load(std::memory_order_acquire); }
   // lifecycle.cc
   void ReapWorkers(bool all);
-  Status CheckRole(bool pull) const;
   // links.cc: LinkerHost, what the linker (link/linker.h) asks of the engine
   std::vector<TableEntry> DescribeCaches() override;
   void AddMemfds(const std::vector<TableEntry> &shown, LocalFds *out, std::vector<std::shared_ptr<void>> *keep) override;
@@ -160,44 +157,14 @@ class Impl : private LinkerHost, private ListenerHost {
   // lifecycle.cc: the engine's control frames into control_'s table (reverse channels, notify, keys,
   // late caches), once, at construction.
   void RegisterFrames();
-  // transfer.cc: the steps every transfer shares, in CANN's check order
-  Status Begin(Transfer *t, bool pull);
-  Status FindLocal(Transfer *t, int64_t cache_id);
-  Status FindLink(Transfer *t, uint64_t cluster_id);
-  Status FindRemote(Transfer *t, int64_t cache_id);
+  // transfer.cc: a checked transfer's plan run (checks: engine/checks.h)
   Status Execute(Transfer *t, bool pull);  // t and then t->rest
   Status ExecuteOne(Transfer *t, bool pull);
-  Status PullIntoBlocks(Transfer *t, const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &dst_blocks,
-                        const KvCacheExtParam &ext, bool *explicit_range, TensorSpan *span);
-  Status PullCacheOn(Transfer &t, const CacheIndex &src, const Cache &dst, uint32_t batch_index, int64_t size,
-                     const KvCacheExtParam &ext);
-  Status PushCacheOn(Transfer &t, const Cache &src, const CacheIndex &dst, uint32_t src_batch_index, int64_t size,
-                     const KvCacheExtParam &ext);
-  Status PullRowToBlocksOn(Transfer &t, const CacheIndex &src, const Cache &dst,
-                           const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext);
-  // `xf`: a layout transform (plan/layout.h) instead of equal block sizes and list lengths.
-  Status PreparePullBlocks(Transfer &t, const CacheIndex &src, const Cache &dst,
-                           const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
-                           const KvCacheExtParam &ext, const LayoutTransform *xf = nullptr);
-  Status PreparePushBlocks(Transfer &t, const Cache &src, const CacheIndex &dst,
-                           const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
-                           const KvCacheExtParam &ext, const LayoutTransform *xf = nullptr);
   // transfer.cc, for async.cc: a prepared transfer handed to a worker thread
   TransferPtr NewTransfer();
-  Status PrepareBlocks(Transfer *t, const BlocksRequest &r);
-  Status PrepareBlocks(Transfer *t, bool pull, const CacheIndex &remote, const Cache &local,
-                       const std::vector<uint64_t> &src, const std::vector<uint64_t> &dst, const KvCacheExtParam &ext);
   void Detach(Transfer *t);
   Status ExecuteDetached(Transfer *t, bool pull);
   // transfer.cc, for layerwise.cc
-  Status PrepareLayerBlocks(Transfer *t, const Cache &src, const CacheIndex &dst,
-                            const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
-                            uint8_t tnpl, std::vector<Plan> *layers);
-  Status PrepareLayerBase(Transfer *t, const Cache &src, uint64_t dst_cluster_id);
-  Status ResolvePiece(const Transfer &base, const LayerPiece &pc, int64_t *cache_id, uint32_t *tensor,
-                      uint64_t *base_off);
-  Status AddLayerPiece(Transfer *base, const LayerPiece &pc, std::vector<TransferPtr> *ts,
-                       std::vector<std::vector<LayerItem>> *layers);
   static int64_t TransferDeadline(const Transfer *t);
   Status PublishLayerPush(std::shared_ptr<LayerPushState> core, LayerPush *out);
   // async.cc
@@ -259,6 +226,7 @@ class Impl : private LinkerHost, private ListenerHost {
   // The options of the Initialize that took effect: a second Initialize names those it ignores.
   std::map<std::string, std::string> init_options_;
 
+  std::unique_ptr<Checks> checks_;    // engine/checks.h: every transfer precondition, in CANN's order
   std::unique_ptr<Notifier> notify_;  // engine/notify.h: send_notify / get_notifies
   std::unique_ptr<KeyRelease> keys_;  // engine/keys.h: CANN's key release
   std::unique_ptr<LateCaches> late_;  // engine/late.h: caches the peer registered after linking

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Layer-wise pushes: the open runs every check and builds one plan per layer (transfer.cc); each
+// Layer-wise pushes: the open runs every check and builds one plan per layer (engine/checks.h); each
 // LayerReady queues its layer, and a pool thread sends the queued layers in order, taking the
 // engine, cache and link locks per layer only. Finish waits under the push's deadline; a push that
 // returned (or was aborted) has no layer in flight, so no byte of the destination changes later.
@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/limits.h"
 #include "common/util.h"
+#include "engine/checks.h"
 #include "engine/engine.h"
 #include "engine/layer_push.h"
 
@@ -160,7 +161,6 @@ Status Impl::PublishLayerPush(std::shared_ptr<LayerPushState> core, LayerPush *o
     core->pool = layer_pool_.pool;
   }
   const size_t n = core->layers.size();
-  core->impl = this;
   core->self = core;
   core->wait_ns = wait_time_ms_ * kMsNs;
   core->marked.assign(n, 0);
@@ -182,7 +182,7 @@ Status Impl::OpenLayerPush(const Cache &src, const CacheIndex &dst, const std::v
                            const std::vector<uint64_t> &dst_blocks, uint8_t tensor_num_per_layer, LayerPush *out) {
   TransferPtr t = NewTransfer();
   std::vector<Plan> plans;
-  const Status st = PrepareLayerBlocks(t.get(), src, dst, src_blocks, dst_blocks, tensor_num_per_layer, &plans);
+  const Status st = checks_->LayerBlocks(t.get(), src, dst, src_blocks, dst_blocks, tensor_num_per_layer, &plans);
   if (st != LLM_SUCCESS) return st;  // `t` unlocks on this thread
   auto core = std::make_shared<LayerPushState>();
   core->deadline = TransferDeadline(t.get());
@@ -197,12 +197,12 @@ Status Impl::OpenLayerPushPieces(const Cache &src, uint64_t dst_cluster_id, uint
                                  const std::vector<LayerPiece> &pieces, bool per_layer_deadline, LayerPush *out) {
   TransferPtr base = NewTransfer();
   Status st;
-  if ((st = PrepareLayerBase(base.get(), src, dst_cluster_id)) != LLM_SUCCESS) return st;
+  if ((st = checks_->LayerBase(base.get(), src, dst_cluster_id)) != LLM_SUCCESS) return st;
   if (num_layers == 0) return Fail(LLM_PARAM_INVALID, "a layer-wise push needs at least one layer");
   auto core = std::make_shared<LayerPushState>();
   core->layers.resize(num_layers);
   for (const LayerPiece &pc : pieces)
-    if ((st = AddLayerPiece(base.get(), pc, &core->ts, &core->layers)) != LLM_SUCCESS) return st;
+    if ((st = checks_->AddLayerPiece(base.get(), pc, &core->ts, &core->layers)) != LLM_SUCCESS) return st;
   core->deadline = TransferDeadline(base.get());
   core->per_layer_deadline = per_layer_deadline;
   Detach(base.get());

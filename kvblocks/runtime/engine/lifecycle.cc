@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/util.h"
+#include "engine/checks.h"
 #include "engine/engine.h"
 #include "engine/keys.h"
 #include "engine/late.h"
@@ -31,19 +32,6 @@ size_t DefaultMaxLinks() {
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return kDefaultMaxLinks;
   return std::max<size_t>(1, std::min<size_t>(kDefaultMaxLinks, rl.rlim_cur / kFdsPerLink));
 }
-
-const char *RoleName(LlmRole r) {
-  switch (r) {
-    case LlmRole::kPrompt:
-      return "PROMPT";
-    case LlmRole::kDecoder:
-      return "DECODER";
-    case LlmRole::kMix:
-      return "MIX";
-    default:
-      return "unknown";
-  }
-}
 }  // namespace
 
 Impl::Impl(uint64_t cluster_id, LlmRole role) : cluster_id_(cluster_id), role_(role) {
@@ -56,6 +44,8 @@ Impl::Impl(uint64_t cluster_id, LlmRole role) : cluster_id_(cluster_id), role_(r
       [this](int64_t id) { return RemoveCacheHeld(id); }});
   late_ = std::make_unique<LateCaches>(
       LateCaches::Deps{&caches_, &table_mu_, [this] { return initialized(); }, &wait_time_ms_});
+  checks_ = std::make_unique<Checks>(CheckView{cluster_id_, &state_mu_, &initialized_, &role_, &role_check_,
+                                               &wait_time_ms_, &caches_, &links_, late_.get()});
   RegisterFrames();
 }
 
@@ -289,15 +279,6 @@ Status Impl::SetRole(LlmRole role, const std::map<AscendString, AscendString> &o
   }
   role_.store(role);
   return LLM_SUCCESS;
-}
-
-Status Impl::CheckRole(bool pull) const {
-  if (!role_check_) return LLM_SUCCESS;
-  const LlmRole r = role_.load();
-  if (r == LlmRole::kMix) return LLM_SUCCESS;
-  if (pull ? r == LlmRole::kDecoder : r == LlmRole::kPrompt) return LLM_SUCCESS;
-  return Fail(LLM_PARAM_INVALID, "role %s cannot %s (needs %s or MIX; or set %s=0)", RoleName(r),
-              pull ? "pull" : "push", pull ? "DECODER" : "PROMPT", OPTION_ROLE_CHECK);
 }
 
 bool Impl::Spawn(std::function<void()> fn) {

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/util.h"
+#include "engine/checks.h"
 #include "engine/engine.h"
 #include "engine/transfer.h"
 #include "plan/plan.h"
@@ -59,8 +60,7 @@ Status CheckFits(const PreparedState &p, const CacheEntry &lc, const RemoteCache
 
 Status Impl::PrepareTransfer(const BlocksRequest &r, const LayoutTransform *xf, PreparedTransfer *out) {
   Transfer t;
-  const Status st = r.pull ? PreparePullBlocks(t, r.remote, r.local, r.src_blocks, r.dst_blocks, r.ext, xf)
-                           : PreparePushBlocks(t, r.local, r.remote, r.src_blocks, r.dst_blocks, r.ext, xf);
+  const Status st = checks_->Blocks(&t, r.pull, r.remote, r.local, r.src_blocks, r.dst_blocks, r.ext, xf);
   if (st != LLM_SUCCESS) return st;
   auto p = std::make_shared<PreparedState>();
   p->engine = this;
@@ -84,8 +84,8 @@ Status Impl::ExecutePrepared(PreparedState &p) {
   Transfer t;
   t.kind = p.pull ? metrics::kPullBlocks : metrics::kPushBlocks;
   Status st;
-  if ((st = Begin(&t, p.pull)) != LLM_SUCCESS || (st = FindLocal(&t, p.local_id)) != LLM_SUCCESS ||
-      (st = FindLink(&t, p.cluster_id)) != LLM_SUCCESS || (st = FindRemote(&t, p.remote_id)) != LLM_SUCCESS ||
+  if ((st = checks_->Begin(&t, p.pull)) != LLM_SUCCESS || (st = checks_->FindLocal(&t, p.local_id)) != LLM_SUCCESS ||
+      (st = checks_->FindLink(&t, p.cluster_id)) != LLM_SUCCESS || (st = checks_->FindRemote(&t, p.remote_id)) != LLM_SUCCESS ||
       (st = CheckFits(p, *t.local, *t.remote)) != LLM_SUCCESS)
     return Tally(&t, st);
   std::lock_guard<std::mutex> g(p.mu);
@@ -101,8 +101,8 @@ Status Impl::ExecutePreparedAsync(PreparedState &p, TransferHandle *out) {
   TransferPtr t = NewTransfer();
   t->kind = p.pull ? metrics::kPullBlocksAsync : metrics::kPushBlocksAsync;
   Status st;
-  if ((st = Begin(t.get(), p.pull)) != LLM_SUCCESS || (st = FindLocal(t.get(), p.local_id)) != LLM_SUCCESS ||
-      (st = FindLink(t.get(), p.cluster_id)) != LLM_SUCCESS || (st = FindRemote(t.get(), p.remote_id)) != LLM_SUCCESS ||
+  if ((st = checks_->Begin(t.get(), p.pull)) != LLM_SUCCESS || (st = checks_->FindLocal(t.get(), p.local_id)) != LLM_SUCCESS ||
+      (st = checks_->FindLink(t.get(), p.cluster_id)) != LLM_SUCCESS || (st = checks_->FindRemote(t.get(), p.remote_id)) != LLM_SUCCESS ||
       (st = CheckFits(p, *t->local, *t->remote)) != LLM_SUCCESS)
     return Tally(t.get(), st);
   {

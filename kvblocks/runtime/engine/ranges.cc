@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/util.h"
+#include "engine/checks.h"
 #include "engine/engine.h"
 #include "engine/transfer.h"
 
@@ -122,7 +123,7 @@ Status Impl::PrepareRanges(Transfer *t, uint64_t cluster_id, bool read, const Ad
     if (ranges[i].local == 0 || ranges[i].remote == 0)
       return Fail(LLM_PARAM_INVALID, "ranges[%zu]: the %s address is 0", i, ranges[i].local == 0 ? "local" : "remote");
   Status st;
-  if ((st = FindLink(t, cluster_id)) != LLM_SUCCESS) return st;
+  if ((st = checks_->FindLink(t, cluster_id)) != LLM_SUCCESS) return st;
   if (n == 0) return Fail(LLM_PARAM_INVALID, "no ranges given");
   const auto &theirs = RemoteByAddr(*t->link);
   std::vector<Transfer *> groups;  // t first, then t->rest

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// What a transfer holds while its bytes move (shared by transfer.cc, ranges.cc and async.cc).
+// What a transfer holds while its bytes move (shared by checks.cc, transfer.cc, ranges.cc and async.cc).
+// No engine header: a part that only prepares or runs transfers does not rebuild with engine.h.
 #ifndef KVBLOCKS_RUNTIME_ENGINE_TRANSFER_H_
 #define KVBLOCKS_RUNTIME_ENGINE_TRANSFER_H_
 
@@ -7,11 +8,19 @@
 #include <shared_mutex>
 #include <vector>
 
-#include "engine/engine.h"
+#include "cache/cache.h"
 #include "link/link.h"
+#include "metrics/stats.h"
 #include "plan/plan.h"
 
 namespace kvblocks {
+
+struct Transfer;
+// Frees a Transfer (defined in transfer.cc) on the thread that holds its locks.
+struct TransferFree {
+  void operator()(Transfer *t) const;
+};
+using TransferPtr = std::unique_ptr<Transfer, TransferFree>;
 
 struct Transfer {
   std::shared_lock<std::shared_mutex> state;
