@@ -43,16 +43,13 @@ struct Worker {
 
 struct Transfer;
 PreparedInfo DescribePrepared(const PreparedState &p);  // engine/prepared.cc
-struct TransferState;
-class AsyncPool;
+class Async;
+class Executor;
+class LayerWise;
 class Notifier;
 class KeyRelease;
 class LateCaches;
 class Checks;
-class LayerPool;
-struct LayerItem;
-struct LayerPushState;
-struct Plan;
 class UcxContext;
 class TlsContext;
 struct TransferFree;  // engine/transfer.h
@@ -104,7 +101,7 @@ class Impl : private LinkerHost, private ListenerHost {
   Status DeallocateWhenUnbound(int64_t cache_id, bool *deferred);
   Status UnbindKey(int64_t cache_id, int64_t key, bool *was_bound);
   Status ReleaseRemoteKey(uint64_t cluster_id, int64_t cache_id, int64_t key);
-  // async.cc: asynchronous blocks transfers; every request is checked (as the synchronous call)
+  // engine/async.h: asynchronous blocks transfers; every request is checked (as the synchronous call)
   // before any is submitted. `failed` is the index of the request that failed.
   Status SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *out, size_t *failed);
   // engine/prepared.cc: a transfer checked and planned once, executed many times
@@ -124,14 +121,12 @@ class Impl : private LinkerHost, private ListenerHost {
   // Links with the peer at ip:port (IPv4 or IPv6) whose cluster id must be `remote_cluster_id`.
   Status LinkAddress(uint64_t remote_cluster_id, const std::string &ip, uint16_t port, int32_t timeout_ms);
   Status UnlinkCluster(uint64_t remote_cluster_id, int32_t timeout_ms);
-  // layerwise.cc: layer-wise pushes (include/kvblocks/layerwise.h); every check runs here.
+  // engine/layerwise.h: layer-wise pushes (include/kvblocks/layerwise.h).
   Status OpenLayerPush(const Cache &src, const CacheIndex &dst, const std::vector<uint64_t> &src_blocks,
                        const std::vector<uint64_t> &dst_blocks, uint8_t tensor_num_per_layer, LayerPush *out);
   Status OpenLayerPushPieces(const Cache &src, uint64_t dst_cluster_id, uint32_t num_layers,
                              const std::vector<LayerPiece> &pieces, bool per_layer_deadline, LayerPush *out);
-  // layerwise.cc, for LayerPushState's sender: one layer of a push, on a pool thread.
-  Status ExecuteLayer(Transfer *t, Plan *plan, int64_t deadline);
-  // One request, without copying its lists into a BlocksRequest (the submission fast path).
+  // engine/async.h: one request, without copying its lists into a BlocksRequest (the fast path).
   Status SubmitOne(bool pull, const CacheIndex &remote, const Cache &local, const std::vector<uint64_t> &src_blocks,
                    const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext, TransferHandle *out);
   // engine/metrics.cc: this engine's counters now (include/kvblocks/metrics.h).
@@ -157,40 +152,11 @@ class Impl : private LinkerHost, private ListenerHost {
   // lifecycle.cc: the engine's control frames into control_'s table (reverse channels, notify, keys,
   // late caches), once, at construction.
   void RegisterFrames();
-  // transfer.cc: a checked transfer's plan run (checks: engine/checks.h)
-  Status Execute(Transfer *t, bool pull);  // t and then t->rest
-  Status ExecuteOne(Transfer *t, bool pull);
-  // transfer.cc, for async.cc: a prepared transfer handed to a worker thread
-  TransferPtr NewTransfer();
-  void Detach(Transfer *t);
-  Status ExecuteDetached(Transfer *t, bool pull);
-  // transfer.cc, for layerwise.cc
-  static int64_t TransferDeadline(const Transfer *t);
-  Status PublishLayerPush(std::shared_ptr<LayerPushState> core, LayerPush *out);
-  // async.cc
-  friend class AsyncPool;
-  void RunDetached(TransferPtr t, bool pull, const std::shared_ptr<TransferState> &s);
   // ranges.cc
   Status PrepareRanges(Transfer *t, uint64_t cluster_id, bool read, const AddrRange *ranges, size_t n,
                        int64_t deadline);
-  // async.cc: hands a prepared (detached) transfer to the pool
-  void SubmitPrepared(TransferPtr t, bool pull, TransferHandle *out);
-  Status ResumeDetached(Transfer *t, bool pull);
-  Status ConcludeDetached(Transfer *t, bool pull, Status st);
-  Status Conclude(Transfer *t, bool pull, Status st);
-  // engine/metrics.cc: counts a transfer's end (its kind, path, peer, bytes, latency); returns st.
-  Status Tally(const Transfer *t, Status st);
-  Status TallyLink(uint64_t cluster_id, Status st);  // a link attempt's end; returns st
-  const void *PipelineKey(const Transfer *t, bool pull);
-  bool BriefCopy(const Transfer *t);
-  bool InlineCopy(const Transfer *t);
-  std::shared_ptr<void> LinkOf(const Transfer *t);
-  Status StartPiped(Transfer *t, bool pull, struct PipeItem *item);
-  Status FinishPiped(Transfer *t, bool pull, Status st);
-  // async.cc
-  std::shared_ptr<class AsyncPool> Pool();
-  void Post(AsyncPool &pool, TransferPtr t, bool pull, TransferHandle *out);
-  friend class PoolFeed;
+  // engine/metrics.cc: counts a link attempt's end; returns st
+  Status TallyLink(uint64_t cluster_id, Status st);
   // caches.cc
   Status NotifyCacheGone(int64_t cache_id, int64_t deadline);
   Status RemoveCacheHeld(int64_t cache_id);  // RemoveCache with state_mu_ already held shared
@@ -231,18 +197,14 @@ class Impl : private LinkerHost, private ListenerHost {
   std::unique_ptr<KeyRelease> keys_;  // engine/keys.h: CANN's key release
   std::unique_ptr<LateCaches> late_;  // engine/late.h: caches the peer registered after linking
 
-  // Worker threads of asynchronous transfers (async.cc), started on first use. Declared last so it
-  // is destroyed first: its threads finish their jobs while the rest of the engine still exists.
-  std::mutex async_mu_;
-  std::shared_ptr<AsyncPool> async_;
-  // Sender threads of layer-wise pushes (layerwise.cc). Its destructor stops the pool (runs what is
-  // queued, joins) before the engine's other members go, and refuses later layers.
-  struct LayerPoolGuard {
-    std::shared_ptr<LayerPool> pool;
-    ~LayerPoolGuard();
-  };
-  std::mutex layer_mu_;
-  LayerPoolGuard layer_pool_;
+  std::unique_ptr<Executor> exec_;    // engine/executor.h: runs checked transfers, counts their ends
+  // Worker threads of asynchronous transfers (engine/async.h), started on first use. Declared
+  // after the parts they use, so destroyed before them: its threads finish their jobs while the
+  // rest of the engine still exists.
+  std::unique_ptr<Async> async_;
+  // Sender threads of layer-wise pushes (engine/layerwise.h). Destroyed first: it stops its pool
+  // (runs what is queued, joins) before the engine's other members go, and refuses later layers.
+  std::unique_ptr<LayerWise> layerwise_;
 };
 
 }  // namespace kvblocks

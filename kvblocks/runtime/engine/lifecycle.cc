@@ -10,10 +10,13 @@
 
 #include "common/error.h"
 #include "common/util.h"
+#include "engine/async.h"
 #include "engine/checks.h"
 #include "engine/engine.h"
+#include "engine/executor.h"
 #include "engine/keys.h"
 #include "engine/late.h"
+#include "engine/layerwise.h"
 #include "engine/notify.h"
 #include "engine/options.h"
 #include "net/tls.h"
@@ -46,6 +49,9 @@ Impl::Impl(uint64_t cluster_id, LlmRole role) : cluster_id_(cluster_id), role_(r
       LateCaches::Deps{&caches_, &table_mu_, [this] { return initialized(); }, &wait_time_ms_});
   checks_ = std::make_unique<Checks>(CheckView{cluster_id_, &state_mu_, &initialized_, &role_, &role_check_,
                                                &wait_time_ms_, &caches_, &links_, late_.get()});
+  exec_ = std::make_unique<Executor>(ExecView{&state_mu_, &initialized_, &wait_time_ms_, &stats_});
+  async_ = std::make_unique<Async>(checks_.get(), exec_.get());
+  layerwise_ = std::make_unique<LayerWise>(checks_.get(), exec_.get(), &wait_time_ms_);
   RegisterFrames();
 }
 

@@ -7,8 +7,10 @@
 
 #include "common/error.h"
 #include "common/util.h"
+#include "engine/async.h"
 #include "engine/checks.h"
 #include "engine/engine.h"
+#include "engine/executor.h"
 #include "engine/transfer.h"
 #include "plan/plan.h"
 
@@ -87,10 +89,10 @@ Status Impl::ExecutePrepared(PreparedState &p) {
   if ((st = checks_->Begin(&t, p.pull)) != LLM_SUCCESS || (st = checks_->FindLocal(&t, p.local_id)) != LLM_SUCCESS ||
       (st = checks_->FindLink(&t, p.cluster_id)) != LLM_SUCCESS || (st = checks_->FindRemote(&t, p.remote_id)) != LLM_SUCCESS ||
       (st = CheckFits(p, *t.local, *t.remote)) != LLM_SUCCESS)
-    return Tally(&t, st);
+    return exec_->Tally(&t, st);
   std::lock_guard<std::mutex> g(p.mu);
   std::swap(t.plan, p.plan);  // lent, not copied: an execution costs nothing per segment
-  st = Tally(&t, Execute(&t, p.pull));
+  st = exec_->Tally(&t, exec_->Run(&t, p.pull));
   std::swap(t.plan, p.plan);
   return st;
 }
@@ -104,13 +106,13 @@ Status Impl::ExecutePreparedAsync(PreparedState &p, TransferHandle *out) {
   if ((st = checks_->Begin(t.get(), p.pull)) != LLM_SUCCESS || (st = checks_->FindLocal(t.get(), p.local_id)) != LLM_SUCCESS ||
       (st = checks_->FindLink(t.get(), p.cluster_id)) != LLM_SUCCESS || (st = checks_->FindRemote(t.get(), p.remote_id)) != LLM_SUCCESS ||
       (st = CheckFits(p, *t->local, *t->remote)) != LLM_SUCCESS)
-    return Tally(t.get(), st);
+    return exec_->Tally(t.get(), st);
   {
     std::lock_guard<std::mutex> g(p.mu);
     t->plan = p.plan;
   }
-  Detach(t.get());
-  SubmitPrepared(std::move(t), p.pull, out);
+  Executor::Detach(t.get());
+  async_->Submit(std::move(t), p.pull, out);
   return LLM_SUCCESS;
 }
 

@@ -7,8 +7,10 @@
 
 #include "common/error.h"
 #include "common/util.h"
+#include "engine/async.h"
 #include "engine/checks.h"
 #include "engine/engine.h"
+#include "engine/executor.h"
 #include "engine/transfer.h"
 
 namespace kvblocks {
@@ -163,7 +165,7 @@ Status Impl::TransferRanges(uint64_t cluster_id, bool read, const AddrRange *ran
   t.kind = read ? metrics::kHixlRead : metrics::kHixlWrite;
   t.start_ns = NowNs();
   const Status st = PrepareRanges(&t, cluster_id, read, ranges, n, t.start_ns + ms * kMsNs);
-  return Tally(&t, st != LLM_SUCCESS ? st : Execute(&t, read));
+  return exec_->Tally(&t, st != LLM_SUCCESS ? st : exec_->Run(&t, read));
 }
 
 Status Impl::SubmitRanges(uint64_t cluster_id, bool read, const AddrRange *ranges, size_t n, int64_t timeout_ms,
@@ -173,9 +175,9 @@ Status Impl::SubmitRanges(uint64_t cluster_id, bool read, const AddrRange *range
   t->kind = read ? metrics::kHixlReadAsync : metrics::kHixlWriteAsync;
   t->start_ns = NowNs();
   const Status st = PrepareRanges(t.get(), cluster_id, read, ranges, n, t->start_ns + budget);
-  if (st != LLM_SUCCESS) return Tally(t.get(), st);
-  Detach(t.get());
-  SubmitPrepared(std::move(t), read, out);
+  if (st != LLM_SUCCESS) return exec_->Tally(t.get(), st);
+  Executor::Detach(t.get());
+  async_->Submit(std::move(t), read, out);
   return LLM_SUCCESS;
 }
 

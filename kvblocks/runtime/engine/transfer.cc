@@ -8,57 +8,23 @@
 #include "common/error.h"
 #include "kvblocks/error.h"
 #include "common/util.h"
+#include "engine/async.h"
 #include "engine/checks.h"
 #include "engine/engine.h"
+#include "engine/executor.h"
+#include "engine/layerwise.h"
 #include "engine/late.h"
 #include "engine/transfer.h"
 #include "plan/plan.h"
 
 namespace kvblocks {
 
-// ------------------------------------------------------------------ execution
-Status Impl::Execute(Transfer *t, bool pull) {
-  Status st = ExecuteOne(t, pull);
-  for (size_t i = 0; st == LLM_SUCCESS && i < t->rest.size(); ++i) {
-    Transfer *p = t->rest[i].get();
-    p->remote_use.reset(new RemoteUse(*p->remote));
-    if (!p->remote_use->ok)
-      return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu unregistered cache %lld",
-                  static_cast<unsigned long long>(p->link->remote_cluster_id), static_cast<long long>(p->remote->id));
-    st = ExecuteOne(p, pull);
-    p->remote_use.reset();
-  }
-  return st;
-}
-
-Status Impl::ExecuteOne(Transfer *t, bool pull) {
-  CacheUse use(*t->local);
-  if (!use.ok) return Fail(LLM_KV_CACHE_NOT_EXIST, "local cache %lld was unregistered", static_cast<long long>(t->local->id));
-  metrics::Busy busy(t->link->stats->Path(t->remote->path->name()));
-  return Conclude(t, pull, t->remote->path->Execute(t->plan, *t->local, pull, t->deadline));
-}
-
-Status Impl::Conclude(Transfer *t, bool pull, Status st) {
-  // A timed-out or broken transfer leaves the link unusable, as in CANN: re-link to recover.
-  if (st == LLM_TIMEOUT || st == LLM_LINK_FAILED) t->link->Fail();
-  if (st == LLM_TIMEOUT) {
-    // The deadline and its option first, whatever the socket said (it only saw "no answer in time").
-    const std::string below = LastErrorMessage();
-    return Restate(st, "%s cluster %llu did not complete within llm.SyncKvCacheWaitTime=%lld ms%s%s%s; the link is "
-                   "now broken", pull ? "pull from" : "push to", static_cast<unsigned long long>(t->link->remote_cluster_id),
-                   static_cast<long long>(wait_time_ms_), below.empty() ? "" : " (", below.c_str(), below.empty() ? "" : ")");
-  }
-  if (st == LLM_LINK_FAILED)
-    return Fail(st, "the link to cluster %llu failed", static_cast<unsigned long long>(t->link->remote_cluster_id));
-  return st;
-}
-
 // ------------------------------------------------------------------ blocks
 Status Impl::PullBlocks(const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &src_blocks,
                         const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext) {
   Transfer t;
   const Status st = checks_->PullBlocks(&t, src, dst, src_blocks, dst_blocks, ext);
-  return Tally(&t, st != LLM_SUCCESS ? st : Execute(&t, true));
+  return exec_->Tally(&t, st != LLM_SUCCESS ? st : exec_->Run(&t, true));
 }
 
 Status Impl::PushBlocks(const Cache &src, const CacheIndex &dst, const std::vector<uint64_t> &src_blocks,
@@ -66,7 +32,7 @@ Status Impl::PushBlocks(const Cache &src, const CacheIndex &dst, const std::vect
   Transfer t;
   t.kind = metrics::kPushBlocks;
   const Status st = checks_->PushBlocks(&t, src, dst, src_blocks, dst_blocks, ext);
-  return Tally(&t, st != LLM_SUCCESS ? st : Execute(&t, false));
+  return exec_->Tally(&t, st != LLM_SUCCESS ? st : exec_->Run(&t, false));
 }
 
 // ------------------------------------------------------------------ batches
@@ -75,7 +41,7 @@ Status Impl::PullCache(const CacheIndex &src, const Cache &dst, uint32_t batch_i
   Transfer t;
   t.kind = metrics::kPullCache;
   const Status st = checks_->PullCache(&t, src, dst, batch_index, size, ext);
-  return Tally(&t, st != LLM_SUCCESS ? st : Execute(&t, true));
+  return exec_->Tally(&t, st != LLM_SUCCESS ? st : exec_->Run(&t, true));
 }
 
 Status Impl::PushCache(const Cache &src, const CacheIndex &dst, uint32_t src_batch_index, int64_t size,
@@ -83,103 +49,32 @@ Status Impl::PushCache(const Cache &src, const CacheIndex &dst, uint32_t src_bat
   Transfer t;
   t.kind = metrics::kPushCache;
   const Status st = checks_->PushCache(&t, src, dst, src_batch_index, size, ext);
-  return Tally(&t, st != LLM_SUCCESS ? st : Execute(&t, false));
+  return exec_->Tally(&t, st != LLM_SUCCESS ? st : exec_->Run(&t, false));
 }
 
-// ------------------------------------------------------------------ asynchronous (engine/async.cc)
+// ------------------------------------------------------------------ transfers
 void TransferFree::operator()(Transfer *t) const { delete t; }
 
-TransferPtr Impl::NewTransfer() { return TransferPtr(new Transfer); }
+TransferPtr NewTransfer() { return TransferPtr(new Transfer); }
 
-// A prepared transfer leaves the submitting thread without its locks: a lock is released by the
-// thread that took it. What it keeps (the cache entry, the link, the remote cache) are references.
-void Impl::Detach(Transfer *t) {
-  t->remote_use.reset();
-  t->state.unlock();
+// ------------------------------------------------------------------ asynchronous, layer-wise
+Status Impl::SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *out, size_t *failed) {
+  return async_->SubmitBlocks(reqs, n, out, failed);
 }
 
-// On the worker: take again what Execute needs, and re-check what may have changed since the
-// submission. A transfer still queued at its deadline fails with LLM_TIMEOUT but moved nothing,
-// so it leaves the link intact.
-Status Impl::ExecuteDetached(Transfer *t, bool pull) {
-  const Status st = ResumeDetached(t, pull);
-  return st != LLM_SUCCESS ? st : ConcludeDetached(t, pull, Execute(t, pull));
+Status Impl::SubmitOne(bool pull, const CacheIndex &remote, const Cache &local, const std::vector<uint64_t> &src_blocks,
+                       const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext, TransferHandle *out) {
+  return async_->SubmitOne(pull, remote, local, src_blocks, dst_blocks, ext, out);
 }
 
-Status Impl::ResumeDetached(Transfer *t, bool pull) {
-  t->state = std::shared_lock<std::shared_mutex>(state_mu_);
-  const char *what = pull ? "pull" : "push";
-  const unsigned long long peer = t->link->remote_cluster_id;
-  if (!initialized()) return Fail(LLM_FAILED, "the engine was finalized before the %s started", what);
-  if (NowNs() >= t->deadline)
-    return Fail(LLM_TIMEOUT, "%s did not start within llm.SyncKvCacheWaitTime=%lld ms of its submission; nothing "
-                "moved", what, static_cast<long long>(wait_time_ms_));
-  if (!t->link->alive.load()) return Fail(LLM_LINK_FAILED, "the link to cluster %llu failed before the %s started", peer, what);
-  t->remote_use.reset(new RemoteUse(*t->remote));
-  if (!t->remote_use->ok)
-    return Fail(LLM_KV_CACHE_NOT_EXIST, "cluster %llu unregistered cache %lld", peer, static_cast<long long>(t->remote->id));
-  return LLM_SUCCESS;
+Status Impl::OpenLayerPush(const Cache &src, const CacheIndex &dst, const std::vector<uint64_t> &src_blocks,
+                           const std::vector<uint64_t> &dst_blocks, uint8_t tensor_num_per_layer, LayerPush *out) {
+  return layerwise_->Open(src, dst, src_blocks, dst_blocks, tensor_num_per_layer, out);
 }
 
-Status Impl::ConcludeDetached(Transfer *t, bool pull, Status st) {
-  const char *what = pull ? "pull" : "push";
-  const unsigned long long peer = t->link->remote_cluster_id;
-  if (st == LLM_NOT_YET_LINK || st == LLM_LINK_FAILED)  // no-op when the path gave a reason
-    Fail(st, "the link to cluster %llu broke while the %s was in flight (a transfer on it timed out or failed)",
-         peer, what);
-  return st;
-}
-
-// ------------------------------------------------------------------ layer-wise (engine/layerwise.cc)
-// One layer's plan on a detached transfer: takes the locks, runs it, lets them go again.
-// The plan is swapped in and out, so a layer costs no allocation.
-Status Impl::ExecuteLayer(Transfer *t, Plan *plan, int64_t deadline) {
-  std::swap(t->plan, *plan);
-  t->deadline = deadline;
-  t->start_ns = NowNs();
-  t->kind = metrics::kPushLayerwise;
-  const Status st = Tally(t, ExecuteDetached(t, false));
-  Detach(t);
-  std::swap(t->plan, *plan);
-  return st;
-}
-
-int64_t Impl::TransferDeadline(const Transfer *t) { return t->deadline; }
-// A pipelined run (engine/async.cc) shares one channel between the transfers of one key.
-const void *Impl::PipelineKey(const Transfer *t, bool pull) { return t->remote->path->PipelineKey(t->plan, pull); }
-
-std::shared_ptr<void> Impl::LinkOf(const Transfer *t) { return t->link; }
-
-namespace {
-bool OneSided(const Transfer *t) { return t->remote->path->mode() == PathMode::kLocalCopy; }
-}  // namespace
-
-// A one-sided copy small enough that the worker running it is soon free again.
-bool Impl::BriefCopy(const Transfer *t) { return OneSided(t) && t->plan.total_bytes() <= kBriefCopyBytes; }
-
-// A one-sided copy small enough to run on the submitting thread.
-bool Impl::InlineCopy(const Transfer *t) { return OneSided(t) && t->plan.total_bytes() <= kInlineCopyBytes; }
-
-// On the worker, for a transfer joining a pipelined run: what ExecuteDetached checks and Execute
-// holds, kept in the transfer until FinishPiped.
-Status Impl::StartPiped(Transfer *t, bool pull, PipeItem *item) {
-  Status st = ResumeDetached(t, pull);
-  if (st != LLM_SUCCESS) return st;
-  t->local_use.reset(new CacheUse(*t->local));
-  if (!t->local_use->ok)
-    return Fail(LLM_KV_CACHE_NOT_EXIST, "local cache %lld was unregistered", static_cast<long long>(t->local->id));
-  item->plan = &t->plan;
-  item->local = t->local.get();
-  item->path = t->remote->path.get();
-  item->pull = pull;
-  item->deadline = t->deadline;
-  metrics::Busy::Enter(t->link->stats->Path(item->path->name()));
-  return LLM_SUCCESS;
-}
-
-Status Impl::FinishPiped(Transfer *t, bool pull, Status st) {
-  metrics::Busy::Leave(t->link->stats->Path(t->remote->path->name()));
-  return ConcludeDetached(t, pull, Conclude(t, pull, st));
+Status Impl::OpenLayerPushPieces(const Cache &src, uint64_t dst_cluster_id, uint32_t num_layers,
+                                 const std::vector<LayerPiece> &pieces, bool per_layer_deadline, LayerPush *out) {
+  return layerwise_->OpenPieces(src, dst_cluster_id, num_layers, pieces, per_layer_deadline, out);
 }
 
 // ------------------------------------------------------------------ extensions
@@ -305,7 +200,7 @@ Status Impl::PullRowToBlocks(const CacheIndex &src, const Cache &dst, const std:
                              const KvCacheExtParam &ext) {
   Transfer t;
   const Status st = checks_->PullRowToBlocks(&t, src, dst, dst_blocks, ext);
-  return Tally(&t, st != LLM_SUCCESS ? st : Execute(&t, true));
+  return exec_->Tally(&t, st != LLM_SUCCESS ? st : exec_->Run(&t, true));
 }
 
 std::string Impl::LinkPath(uint64_t cluster_id) {

@@ -21,6 +21,7 @@ struct TransferFree {
   void operator()(Transfer *t) const;
 };
 using TransferPtr = std::unique_ptr<Transfer, TransferFree>;
+TransferPtr NewTransfer();  // transfer.cc
 
 struct Transfer {
   std::shared_lock<std::shared_mutex> state;
