@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// The engine behind llm_datadist::LlmDataDist: options, caches, links, threads, and the checks of
-// every API call in CANN's order. Concerns live in their own folders (cache/, link/, transport/,
-// plan/, wire/, net/, security/); this class ties them together.
+// The engine behind llm_datadist::LlmDataDist: options, lifecycle, and the registries (caches,
+// links) it owns; the API calls' entry points. Its parts are their own classes, each seeing the
+// engine through a narrow view: Checks (engine/checks.h: every transfer precondition in CANN's
+// order), Executor (engine/executor.h: sync, detached, pipelined runs), Async (engine/async.h),
+// LayerWise (engine/layerwise.h), Notifier, KeyRelease, LateCaches; the Linker, ControlChannel and
+// Listener in link/. Concerns below live in their own folders (cache/, transport/, plan/, wire/,
+// net/, security/).
 #ifndef KVBLOCKS_RUNTIME_ENGINE_ENGINE_H_
 #define KVBLOCKS_RUNTIME_ENGINE_ENGINE_H_
 
@@ -25,7 +29,6 @@
 #include "kvblocks/rules.h"
 #include "link/control.h"
 #include "link/linker.h"
-#include "link/listener.h"
 #include "link/registry.h"
 #include "metrics/stats.h"
 #include "transport/local_peer.h"
@@ -49,13 +52,14 @@ class LayerWise;
 class Notifier;
 class KeyRelease;
 class LateCaches;
+class Listener;
 class Checks;
 class UcxContext;
 class TlsContext;
 struct TransferFree;  // engine/transfer.h
 using TransferPtr = std::unique_ptr<Transfer, TransferFree>;
 
-class Impl : private LinkerHost, private ListenerHost {
+class Impl : private LinkerHost {
  public:
   Impl(uint64_t cluster_id, LlmRole role);
   ~Impl();
@@ -91,7 +95,7 @@ class Impl : private LinkerHost, private ListenerHost {
   bool LastLinkFailure(uint64_t cluster_id, LinkFailure *out) { return linker_.LastLinkFailure(cluster_id, out); }
   // The address the listener is bound to ("ip:port", "[ip6]:port", with the port the kernel chose
   // for port 0), or "" when this engine does not listen.
-  std::string ListenAddress() { return listener_.Address(); }
+  std::string ListenAddress();
   bool HasLinks() const { return !links_.empty(); }
   Status SetBatchKeys(int64_t cache_id, const std::vector<int64_t> &keys);
   Status FindRemoteKey(uint64_t cluster_id, int64_t key, int64_t *cache_id, uint32_t *batch_index);
@@ -141,14 +145,12 @@ class Impl : private LinkerHost, private ListenerHost {
   std::vector<TableEntry> DescribeCaches() override;
   void AddMemfds(const std::vector<TableEntry> &shown, LocalFds *out, std::vector<std::shared_ptr<void>> *keep) override;
   void AnnounceUcx(const std::shared_ptr<UcxContext> &ctx, TableEntry *entry) override;
-  bool Spawn(std::function<void()> fn) override;  // lifecycle.cc; ListenerHost's too
+  bool Spawn(std::function<void()> fn) override;  // lifecycle.cc
   void Serve(int fd, const std::shared_ptr<struct Link> &link) override;
-  void TrackLoose(int fd) override { listener_.TrackLoose(fd); }
-  void ForgetLoose(int fd) override { listener_.ForgetLoose(fd); }
-  bool LeavePreauth(int fd) override { return listener_.LeavePreauth(fd); }
+  void TrackLoose(int fd) override;  // lifecycle.cc: the listener's
+  void ForgetLoose(int fd) override;
+  bool LeavePreauth(int fd) override;
   bool Running() const override;
-  // ListenerHost: a connection accepted by listener_ goes to the linker
-  void Handshake(int fd) override { linker_.Accept(fd); }
   // lifecycle.cc: the engine's control frames into control_'s table (reverse channels, notify, keys,
   // late caches), once, at construction.
   void RegisterFrames();
@@ -184,7 +186,11 @@ class Impl : private LinkerHost, private ListenerHost {
   ControlChannel control_{&links_};  // every link's control loop; handlers registered at construction
   Linker linker_{cluster_id_, this, &links_, &control_, &stats_, &table_mu_, &stopping_};  // makes and ends links
 
-  Listener listener_{this, &stopping_};  // llm.ListenIpInfo: accept loop, pre-auth slots (link/listener.h)
+  // llm.ListenIpInfo: accept loop, pre-auth slots (link/listener.h), and what it asks of us
+  // (lifecycle.cc). Behind pointers, so a listener.h edit rebuilds only its includers.
+  struct ListenHost;
+  std::unique_ptr<ListenHost> listen_host_;
+  std::unique_ptr<Listener> listener_;
 
   // runtime threads (Spawn), joined by ReapWorkers
   std::mutex workers_mu_;

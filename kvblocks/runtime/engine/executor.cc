@@ -88,7 +88,8 @@ Status Executor::Resume(Transfer *t, bool pull) {
   t->state = std::shared_lock<std::shared_mutex>(*v_.state_mu);
   const char *what = pull ? "pull" : "push";
   const unsigned long long peer = t->link->remote_cluster_id;
-  if (!v_.initialized->load(std::memory_order_acquire)) return Fail(LLM_FAILED, "the engine was finalized before the %s started", what);
+  if (!v_.initialized->load(std::memory_order_acquire))
+    return Fail(LLM_FAILED, "the engine was finalized before the %s started", what);
   if (NowNs() >= t->deadline)
     return Fail(LLM_TIMEOUT, "%s did not start within llm.SyncKvCacheWaitTime=%lld ms of its submission; nothing "
                 "moved", what, static_cast<long long>(*v_.wait_ms));
@@ -134,8 +135,8 @@ bool Executor::BriefCopy(const Transfer *t) { return OneSided(t) && t->plan.tota
 // A one-sided copy small enough to run on the submitting thread.
 bool Executor::InlineCopy(const Transfer *t) { return OneSided(t) && t->plan.total_bytes() <= kInlineCopyBytes; }
 
-// On the worker, for a transfer joining a pipelined run: what ExecuteDetached checks and Execute
-// holds, kept in the transfer until FinishPiped.
+// On the worker, for a transfer joining a pipelined run: what RunDetached checks and Run holds,
+// kept in the transfer until FinishPiped.
 Status Executor::StartPiped(Transfer *t, bool pull, PipeItem *item) {
   Status st = Resume(t, pull);
   if (st != LLM_SUCCESS) return st;

@@ -19,6 +19,7 @@
 #include "engine/layerwise.h"
 #include "engine/notify.h"
 #include "engine/options.h"
+#include "link/listener.h"
 #include "net/tls.h"
 #include "transport/registry.h"
 #include "transport/select.h"
@@ -37,7 +38,17 @@ size_t DefaultMaxLinks() {
 }
 }  // namespace
 
+// What the listener asks of the engine: runtime threads, and the linker for each connection.
+struct Impl::ListenHost final : ListenerHost {
+  explicit ListenHost(Impl *impl) : impl_(impl) {}
+  bool Spawn(std::function<void()> fn) override { return impl_->Spawn(std::move(fn)); }
+  void Handshake(int fd) override { impl_->linker_.Accept(fd); }
+  Impl *const impl_;
+};
+
 Impl::Impl(uint64_t cluster_id, LlmRole role) : cluster_id_(cluster_id), role_(role) {
+  listen_host_ = std::make_unique<ListenHost>(this);
+  listener_ = std::make_unique<Listener>(listen_host_.get(), &stopping_);
   RegisterInstance(linker_.instance_token());
   RegisterEngine(this);
   notify_ = std::make_unique<Notifier>(&links_);
@@ -233,7 +244,7 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   wait_time_ms_ = wait_ms;
   role_check_ = role_check;
   if (listen) {
-    const Status st = listener_.Start(listen_ip, listen_port);
+    const Status st = listener_->Start(listen_ip, listen_port);
     if (st != LLM_SUCCESS) return st;
   }
   init_options_ = OptionsCopy(options);
@@ -246,12 +257,12 @@ void Impl::Finalize() {
   if (!initialized()) return;
   // Wake everything first so in-flight calls fail fast, then wait for them to leave.
   stopping_.store(true);
-  listener_.Stop();
+  listener_->Stop();
   links_.ShutdownAll();
-  listener_.WakeLoose();
+  listener_->WakeLoose();
   std::unique_lock<std::shared_mutex> lk(state_mu_);
   if (!initialized()) return;
-  listener_.Stop();  // again: a SetRole that held the lock may have started a new listener
+  listener_->Stop();  // again: a SetRole that held the lock may have started a new listener
   initialized_.store(false, std::memory_order_release);
   ReapWorkers(true);
   for (auto &kv : links_.TakeAll()) kv.second->Fail();
@@ -274,18 +285,23 @@ Status Impl::SetRole(LlmRole role, const std::map<AscendString, AscendString> &o
                 it->second.GetString());
   if (!links_.empty()) return Fail(LLM_EXIST_LINK, "set_role: unlink every cluster first");
   if (listen) {
-    if (!listener_.ListeningOn(ip, port)) {
-      listener_.Stop();
+    if (!listener_->ListeningOn(ip, port)) {
+      listener_->Stop();
       ReapWorkers(false);
-      const Status st = listener_.Start(ip, port);
+      const Status st = listener_->Start(ip, port);
       if (st != LLM_SUCCESS) return st;
     }
   } else {
-    listener_.Stop();
+    listener_->Stop();
   }
   role_.store(role);
   return LLM_SUCCESS;
 }
+
+std::string Impl::ListenAddress() { return listener_->Address(); }
+void Impl::TrackLoose(int fd) { listener_->TrackLoose(fd); }
+void Impl::ForgetLoose(int fd) { listener_->ForgetLoose(fd); }
+bool Impl::LeavePreauth(int fd) { return listener_->LeavePreauth(fd); }
 
 bool Impl::Spawn(std::function<void()> fn) {
   ReapWorkers(false);

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// What a transfer holds while its bytes move (shared by checks.cc, transfer.cc, ranges.cc and async.cc).
+// What a transfer holds while its bytes move: checks.cc fills it, executor.cc runs it (ranges.cc,
+// async.cc and layerwise.cc hold them too).
 // No engine header: a part that only prepares or runs transfers does not rebuild with engine.h.
 #ifndef KVBLOCKS_RUNTIME_ENGINE_TRANSFER_H_
 #define KVBLOCKS_RUNTIME_ENGINE_TRANSFER_H_
