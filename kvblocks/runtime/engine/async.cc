@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Asynchronous blocks transfers: the caller's thread runs every check of the synchronous call and
-// builds the plan (Impl::PrepareBlocks); a pool of runtime threads moves the bytes
-// (Impl::ExecuteDetached) and completes the handle. Completion needs no caller thread.
+// Asynchronous transfers (engine/async.h): the caller's thread runs every check of the synchronous
+// call and builds the plan (engine/checks.h); a pool of runtime threads moves the bytes
+// (Executor::RunDetached) and completes the handle. Completion needs no caller thread.
 #include <sched.h>
 
 #include <algorithm>
@@ -11,16 +11,22 @@
 #include <exception>
 #include <string>
 #include <system_error>
+#include <thread>
+#include <vector>
 
 #include "common/error.h"
 #include "common/limits.h"
 #include "common/util.h"
-#include "engine/engine.h"
+#include "engine/async.h"
+#include "engine/checks.h"
+#include "engine/executor.h"
 #include "engine/transfer.h"
 #include "kvblocks/async.h"
 #include "transport/path.h"
 
 namespace kvblocks {
+
+using namespace llm_datadist;  // NOLINT: status constants and API types
 
 // The shared state behind TransferHandle.
 struct TransferState {
@@ -41,6 +47,10 @@ struct TransferState {
   }
 };
 
+namespace {
+void RunDetached(Executor &exec, TransferPtr t, bool pull, const std::shared_ptr<TransferState> &s);
+}  // namespace
+
 // Worker threads, started on demand up to kMaxAsyncThreads. The destructor runs what is queued
 // (an engine being destroyed is finalized, so those jobs fail at once) and joins.
 //
@@ -58,7 +68,7 @@ class AsyncPool {
     bool brief;       // a one-sided copy small enough to end soon
   };
 
-  explicit AsyncPool(Impl *impl) : impl_(impl) {}
+  explicit AsyncPool(Executor *exec) : exec_(exec) {}
 
   ~AsyncPool() {
     {
@@ -178,7 +188,7 @@ class AsyncPool {
     }
   }
 
-  Impl *const impl_;
+  Executor *const exec_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> q_;
@@ -227,7 +237,7 @@ class PoolFeed : public PipeFeed {
         }
         Join();
       }
-      const Status st = pool_->impl_->StartPiped(job->t.get(), job->pull, item);
+      const Status st = pool_->exec_->StartPiped(job->t.get(), job->pull, item);
       if (st == LLM_SUCCESS) {
         item->tag = job.release();
         return true;
@@ -238,7 +248,7 @@ class PoolFeed : public PipeFeed {
 
   void Done(const PipeItem &item, Status st) override {
     std::unique_ptr<AsyncPool::Job> job(static_cast<AsyncPool::Job *>(item.tag));
-    const Status end = pool_->impl_->FinishPiped(job->t.get(), job->pull, st);
+    const Status end = pool_->exec_->FinishPiped(job->t.get(), job->pull, st);
     Complete(std::move(*job), end);
   }
 
@@ -251,8 +261,8 @@ class PoolFeed : public PipeFeed {
  private:
   void Complete(AsyncPool::Job job, Status st) {
     // The running path belongs to the link, which the last transfer may be the last to hold.
-    if (!link_) link_ = pool_->impl_->LinkOf(job.t.get());
-    pool_->impl_->Tally(job.t.get(), st);
+    if (!link_) link_ = job.t->link;
+    pool_->exec_->Tally(job.t.get(), st);
     job.t.reset();  // releases the engine, cache and link locks before anyone is woken
     job.s->Complete(st, LastErrorMessage());
     ClearLastError();
@@ -279,18 +289,19 @@ class PoolFeed : public PipeFeed {
 
 void AsyncPool::Run(Job job) {
   if (job.key == nullptr) {
-    impl_->RunDetached(std::move(job.t), job.pull, job.s);
+    RunDetached(*exec_, std::move(job.t), job.pull, job.s);
     return;
   }
   PoolFeed feed(this, std::move(job));
   feed.Run();
 }
 
-void Impl::RunDetached(TransferPtr t, bool pull, const std::shared_ptr<TransferState> &s) {
+namespace {
+void RunDetached(Executor &exec, TransferPtr t, bool pull, const std::shared_ptr<TransferState> &s) {
   ClearLastError();
   Status st;
   try {
-    st = ExecuteDetached(t.get(), pull);
+    st = exec.RunDetached(t.get(), pull);
   } catch (const std::bad_alloc &) {
     st = Fail(LLM_OUT_OF_MEMORY, "out of memory");
   } catch (const std::exception &e) {
@@ -298,38 +309,42 @@ void Impl::RunDetached(TransferPtr t, bool pull, const std::shared_ptr<TransferS
   } catch (...) {
     st = Fail(LLM_FAILED, "internal error");
   }
-  Tally(t.get(), st);
+  exec.Tally(t.get(), st);
   t.reset();  // releases the engine, cache and link locks before anyone is woken
   s->Complete(st, LastErrorMessage());
 }
+}  // namespace
 
-std::shared_ptr<AsyncPool> Impl::Pool() {
-  std::lock_guard<std::mutex> g(async_mu_);
-  if (!async_) async_ = std::make_shared<AsyncPool>(this);
-  return async_;
+Async::~Async() = default;
+
+std::shared_ptr<AsyncPool> Async::Pool() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!pool_) pool_ = std::make_shared<AsyncPool>(exec_);
+  return pool_;
 }
 
-void Impl::Post(AsyncPool &pool, TransferPtr t, bool pull, TransferHandle *out) {
+void Async::Post(AsyncPool &pool, TransferPtr t, bool pull, TransferHandle *out) {
   auto s = std::make_shared<TransferState>();
   *out = TransferHandle(s);
-  const void *key = PipelineKey(t.get(), pull);
-  const bool brief = key == nullptr && BriefCopy(t.get());
+  const void *key = Executor::PipelineKey(t.get(), pull);
+  const bool brief = key == nullptr && Executor::BriefCopy(t.get());
   AsyncPool::Job job{std::move(t), pull, s, key, brief};
-  if (!pool.Post(job)) RunDetached(std::move(job.t), job.pull, s);
+  if (!pool.Post(job)) RunDetached(*exec_, std::move(job.t), job.pull, s);
 }
 
-Status Impl::SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *out, size_t *failed) {
+Status Async::SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *out, size_t *failed) {
   std::vector<TransferPtr> prepared;
   prepared.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     TransferPtr t = NewTransfer();
     t->kind = reqs[i].pull ? metrics::kPullBlocksAsync : metrics::kPushBlocksAsync;
-    const Status st = PrepareBlocks(t.get(), reqs[i]);
+    const BlocksRequest &r = reqs[i];
+    const Status st = checks_->Blocks(t.get(), r.pull, r.remote, r.local, r.src_blocks, r.dst_blocks, r.ext);
     if (st != LLM_SUCCESS) {
       *failed = i;
-      return Tally(t.get(), st);  // `prepared` holds no lock: nothing was submitted
+      return exec_->Tally(t.get(), st);  // `prepared` holds no lock: nothing was submitted
     }
-    Detach(t.get());
+    Executor::Detach(t.get());
     prepared.push_back(std::move(t));
   }
   const std::shared_ptr<AsyncPool> pool = Pool();
@@ -337,16 +352,16 @@ Status Impl::SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *o
   return LLM_SUCCESS;
 }
 
-Status Impl::SubmitOne(bool pull, const CacheIndex &remote, const Cache &local, const std::vector<uint64_t> &src_blocks,
-                       const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext, TransferHandle *out) {
+Status Async::SubmitOne(bool pull, const CacheIndex &remote, const Cache &local, const std::vector<uint64_t> &src_blocks,
+                        const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext, TransferHandle *out) {
   TransferPtr t = NewTransfer();
   t->kind = pull ? metrics::kPullBlocksAsync : metrics::kPushBlocksAsync;
-  Status st = PrepareBlocks(t.get(), pull, remote, local, src_blocks, dst_blocks, ext);
-  if (st != LLM_SUCCESS) return Tally(t.get(), st);
-  if (InlineCopy(t.get())) {
+  Status st = checks_->Blocks(t.get(), pull, remote, local, src_blocks, dst_blocks, ext);
+  if (st != LLM_SUCCESS) return exec_->Tally(t.get(), st);
+  if (Executor::InlineCopy(t.get())) {
     // A copy this small costs less than handing it to a worker (a futex wake-up and a switch):
     // it runs here, with the locks the checks took, and the handle is returned done.
-    st = Tally(t.get(), Execute(t.get(), pull));
+    st = exec_->Tally(t.get(), exec_->Run(t.get(), pull));
     t.reset();
     auto s = std::make_shared<TransferState>();
     s->Complete(st, LastErrorMessage());
@@ -354,18 +369,19 @@ Status Impl::SubmitOne(bool pull, const CacheIndex &remote, const Cache &local, 
     ClearLastError();
     return LLM_SUCCESS;
   }
-  Detach(t.get());
+  Executor::Detach(t.get());
   Post(*Pool(), std::move(t), pull, out);
   return LLM_SUCCESS;
 }
 
-// A transfer prepared and detached elsewhere (ranges.cc), run like a submitted blocks transfer.
-void Impl::SubmitPrepared(TransferPtr t, bool pull, TransferHandle *out) {
+// A transfer prepared and detached elsewhere (ranges.cc, prepared.cc), run like a submitted blocks
+// transfer.
+void Async::Submit(TransferPtr t, bool pull, TransferHandle *out) {
   auto s = std::make_shared<TransferState>();
   *out = TransferHandle(s);
   // Its plans (t->rest too) run in order on one worker: never in a pipelined run.
   AsyncPool::Job job{std::move(t), pull, s, nullptr, false};
-  if (!Pool()->Post(job)) RunDetached(std::move(job.t), job.pull, s);
+  if (!Pool()->Post(job)) RunDetached(*exec_, std::move(job.t), job.pull, s);
 }
 
 // ------------------------------------------------------------------ TransferHandle

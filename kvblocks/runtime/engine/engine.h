@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// The engine behind llm_datadist::LlmDataDist: options, caches, links, threads, and the checks of
-// every API call in CANN's order. Concerns live in their own folders (cache/, link/, transport/,
-// plan/, wire/, net/, security/); this class ties them together.
+// The engine behind llm_datadist::LlmDataDist: options, lifecycle, and the registries (caches,
+// links) it owns; the API calls' entry points. Its parts are their own classes, each seeing the
+// engine through a narrow view: Checks (engine/checks.h: every transfer precondition in CANN's
+// order), Executor (engine/executor.h: sync, detached, pipelined runs), Async (engine/async.h),
+// LayerWise (engine/layerwise.h), Notifier, KeyRelease, LateCaches; the Linker, ControlChannel and
+// Listener in link/. Concerns below live in their own folders (cache/, transport/, plan/, wire/,
+// net/, security/).
 #ifndef KVBLOCKS_RUNTIME_ENGINE_ENGINE_H_
 #define KVBLOCKS_RUNTIME_ENGINE_ENGINE_H_
 
@@ -42,20 +46,16 @@ struct Worker {
 
 struct Transfer;
 PreparedInfo DescribePrepared(const PreparedState &p);  // engine/prepared.cc
-struct TransferState;
-class AsyncPool;
+class Async;
+class Executor;
+class LayerWise;
 class Notifier;
 class KeyRelease;
 class LateCaches;
-class LayerPool;
-struct LayerItem;
-struct LayerPushState;
-struct Plan;
+class Listener;
+class Checks;
 class TlsContext;
-// Frees a Transfer (defined in transfer.cc) on the thread that holds its locks.
-struct TransferFree {
-  void operator()(Transfer *t) const;
-};
+struct TransferFree;  // engine/transfer.h
 using TransferPtr = std::unique_ptr<Transfer, TransferFree>;
 
 class Impl : private LinkerHost {
@@ -104,7 +104,7 @@ class Impl : private LinkerHost {
   Status DeallocateWhenUnbound(int64_t cache_id, bool *deferred);
   Status UnbindKey(int64_t cache_id, int64_t key, bool *was_bound);
   Status ReleaseRemoteKey(uint64_t cluster_id, int64_t cache_id, int64_t key);
-  // async.cc: asynchronous blocks transfers; every request is checked (as the synchronous call)
+  // engine/async.h: asynchronous blocks transfers; every request is checked (as the synchronous call)
   // before any is submitted. `failed` is the index of the request that failed.
   Status SubmitBlocks(const BlocksRequest *reqs, size_t n, TransferHandle *out, size_t *failed);
   // engine/prepared.cc: a transfer checked and planned once, executed many times
@@ -124,14 +124,12 @@ class Impl : private LinkerHost {
   // Links with the peer at ip:port (IPv4 or IPv6) whose cluster id must be `remote_cluster_id`.
   Status LinkAddress(uint64_t remote_cluster_id, const std::string &ip, uint16_t port, int32_t timeout_ms);
   Status UnlinkCluster(uint64_t remote_cluster_id, int32_t timeout_ms);
-  // layerwise.cc: layer-wise pushes (include/kvblocks/layerwise.h); every check runs here.
+  // engine/layerwise.h: layer-wise pushes (include/kvblocks/layerwise.h).
   Status OpenLayerPush(const Cache &src, const CacheIndex &dst, const std::vector<uint64_t> &src_blocks,
                        const std::vector<uint64_t> &dst_blocks, uint8_t tensor_num_per_layer, LayerPush *out);
   Status OpenLayerPushPieces(const Cache &src, uint64_t dst_cluster_id, uint32_t num_layers,
                              const std::vector<LayerPiece> &pieces, bool per_layer_deadline, LayerPush *out);
-  // layerwise.cc, for LayerPushState's sender: one layer of a push, on a pool thread.
-  Status ExecuteLayer(Transfer *t, Plan *plan, int64_t deadline);
-  // One request, without copying its lists into a BlocksRequest (the submission fast path).
+  // engine/async.h: one request, without copying its lists into a BlocksRequest (the fast path).
   Status SubmitOne(bool pull, const CacheIndex &remote, const Cache &local, const std::vector<uint64_t> &src_blocks,
                    const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext, TransferHandle *out);
   // engine/metrics.cc: this engine's counters now (include/kvblocks/metrics.h).
@@ -141,92 +139,25 @@ class Impl : private LinkerHost {
  private:
   bool initialized() const { return initialized_.load(std::memory_order_acquire); }
   // lifecycle.cc
-  Status StartListening(const std::string &ip, uint32_t port);
-  void StopListening();
-  void ListenLoop(int lfd);
-  void AcceptBatch(int lfd);           // accepts what is queued, each into a slot
-  void AdmitPreauth(int fd);           // under workers_mu_: a slot, dropping the oldest when full
-  void StartHandshake(int fd);         // its HELLO is here (or it closed): a thread takes it
-  void ExpirePreauth(bool all);        // closes waiting connections past kAuthNs (all: every one)
   void ReapWorkers(bool all);
-  Status CheckRole(bool pull) const;
   // links.cc: LinkerHost, what the linker (link/linker.h) asks of the engine
   std::vector<TableEntry> DescribeCaches() override;
   void AddMemfds(const std::vector<TableEntry> &shown, LocalFds *out, std::vector<std::shared_ptr<void>> *keep) override;
   std::shared_ptr<LocalMemory> OurCache(int64_t id) override;
   bool Spawn(std::function<void()> fn) override;  // lifecycle.cc
   void Serve(int fd, const std::shared_ptr<struct Link> &link) override;
-  void TrackLoose(int fd) override;
+  void TrackLoose(int fd) override;  // lifecycle.cc: the listener's
   void ForgetLoose(int fd) override;
   bool LeavePreauth(int fd) override;
   bool Running() const override;
   // lifecycle.cc: the engine's control frames into control_'s table (reverse channels, notify, keys,
   // late caches), once, at construction.
   void RegisterFrames();
-  // transfer.cc: the steps every transfer shares, in CANN's check order
-  Status Begin(Transfer *t, bool pull);
-  Status FindLocal(Transfer *t, int64_t cache_id);
-  Status FindLink(Transfer *t, uint64_t cluster_id);
-  Status FindRemote(Transfer *t, int64_t cache_id);
-  Status Execute(Transfer *t, bool pull);  // t and then t->rest
-  Status ExecuteOne(Transfer *t, bool pull);
-  Status PullIntoBlocks(Transfer *t, const CacheIndex &src, const Cache &dst, const std::vector<uint64_t> &dst_blocks,
-                        const KvCacheExtParam &ext, bool *explicit_range, TensorSpan *span);
-  Status PullCacheOn(Transfer &t, const CacheIndex &src, const Cache &dst, uint32_t batch_index, int64_t size,
-                     const KvCacheExtParam &ext);
-  Status PushCacheOn(Transfer &t, const Cache &src, const CacheIndex &dst, uint32_t src_batch_index, int64_t size,
-                     const KvCacheExtParam &ext);
-  Status PullRowToBlocksOn(Transfer &t, const CacheIndex &src, const Cache &dst,
-                           const std::vector<uint64_t> &dst_blocks, const KvCacheExtParam &ext);
-  // `xf`: a layout transform (plan/layout.h) instead of equal block sizes and list lengths.
-  Status PreparePullBlocks(Transfer &t, const CacheIndex &src, const Cache &dst,
-                           const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
-                           const KvCacheExtParam &ext, const LayoutTransform *xf = nullptr);
-  Status PreparePushBlocks(Transfer &t, const Cache &src, const CacheIndex &dst,
-                           const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
-                           const KvCacheExtParam &ext, const LayoutTransform *xf = nullptr);
-  // transfer.cc, for async.cc: a prepared transfer handed to a worker thread
-  TransferPtr NewTransfer();
-  Status PrepareBlocks(Transfer *t, const BlocksRequest &r);
-  Status PrepareBlocks(Transfer *t, bool pull, const CacheIndex &remote, const Cache &local,
-                       const std::vector<uint64_t> &src, const std::vector<uint64_t> &dst, const KvCacheExtParam &ext);
-  void Detach(Transfer *t);
-  Status ExecuteDetached(Transfer *t, bool pull);
-  // transfer.cc, for layerwise.cc
-  Status PrepareLayerBlocks(Transfer *t, const Cache &src, const CacheIndex &dst,
-                            const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
-                            uint8_t tnpl, std::vector<Plan> *layers);
-  Status PrepareLayerBase(Transfer *t, const Cache &src, uint64_t dst_cluster_id);
-  Status ResolvePiece(const Transfer &base, const LayerPiece &pc, int64_t *cache_id, uint32_t *tensor,
-                      uint64_t *base_off);
-  Status AddLayerPiece(Transfer *base, const LayerPiece &pc, std::vector<TransferPtr> *ts,
-                       std::vector<std::vector<LayerItem>> *layers);
-  static int64_t TransferDeadline(const Transfer *t);
-  Status PublishLayerPush(std::shared_ptr<LayerPushState> core, LayerPush *out);
-  // async.cc
-  friend class AsyncPool;
-  void RunDetached(TransferPtr t, bool pull, const std::shared_ptr<TransferState> &s);
   // ranges.cc
   Status PrepareRanges(Transfer *t, uint64_t cluster_id, bool read, const AddrRange *ranges, size_t n,
                        int64_t deadline);
-  // async.cc: hands a prepared (detached) transfer to the pool
-  void SubmitPrepared(TransferPtr t, bool pull, TransferHandle *out);
-  Status ResumeDetached(Transfer *t, bool pull);
-  Status ConcludeDetached(Transfer *t, bool pull, Status st);
-  Status Conclude(Transfer *t, bool pull, Status st);
-  // engine/metrics.cc: counts a transfer's end (its kind, path, peer, bytes, latency); returns st.
-  Status Tally(const Transfer *t, Status st);
-  Status TallyLink(uint64_t cluster_id, Status st);  // a link attempt's end; returns st
-  const void *PipelineKey(const Transfer *t, bool pull);
-  bool BriefCopy(const Transfer *t);
-  bool InlineCopy(const Transfer *t);
-  std::shared_ptr<void> LinkOf(const Transfer *t);
-  Status StartPiped(Transfer *t, bool pull, struct PipeItem *item);
-  Status FinishPiped(Transfer *t, bool pull, Status st);
-  // async.cc
-  std::shared_ptr<class AsyncPool> Pool();
-  void Post(AsyncPool &pool, TransferPtr t, bool pull, TransferHandle *out);
-  friend class PoolFeed;
+  // engine/metrics.cc: counts a link attempt's end; returns st
+  Status TallyLink(uint64_t cluster_id, Status st);
   // caches.cc
   Status NotifyCacheGone(int64_t cache_id, int64_t deadline);
   Status RemoveCacheHeld(int64_t cache_id);  // RemoveCache with state_mu_ already held shared
@@ -254,42 +185,31 @@ class Impl : private LinkerHost {
   ControlChannel control_{&links_};  // every link's control loop; handlers registered at construction
   Linker linker_{cluster_id_, this, &links_, &control_, &stats_, &table_mu_, &stopping_};  // makes and ends links
 
-  // listener and worker threads
+  // llm.ListenIpInfo: accept loop, pre-auth slots (link/listener.h), and what it asks of us
+  // (lifecycle.cc). Behind pointers, so a listener.h edit rebuilds only its includers.
+  struct ListenHost;
+  std::unique_ptr<ListenHost> listen_host_;
+  std::unique_ptr<Listener> listener_;
+
+  // runtime threads (Spawn), joined by ReapWorkers
   std::mutex workers_mu_;
   std::list<Worker> workers_;
-  std::set<int> loose_fds_;  // sockets still handshaking
-  // Accepted, not yet authenticated (the kMaxHandshakes slots): fd -> accept time, and whether a
-  // handshake thread has it. Until its whole HELLO has arrived a connection waits in ListenLoop's
-  // poll, without a thread: a connect flood costs the listener an accept and a close each.
-  struct Preauth {
-    int64_t since;
-    bool threaded;
-  };
-  std::map<int, Preauth> preauth_;
-  int64_t preauth_logged_ = 0;  // when a dropped slot was last logged: a flood logs once a second
-  int listen_fd_ = -1;
-  std::string listen_ip_;
-  uint32_t listen_port_ = 0;   // as asked (0: any)
-  uint16_t bound_port_ = 0;    // as bound
   // The options of the Initialize that took effect: a second Initialize names those it ignores.
   std::map<std::string, std::string> init_options_;
 
+  std::unique_ptr<Checks> checks_;    // engine/checks.h: every transfer precondition, in CANN's order
   std::unique_ptr<Notifier> notify_;  // engine/notify.h: send_notify / get_notifies
   std::unique_ptr<KeyRelease> keys_;  // engine/keys.h: CANN's key release
   std::unique_ptr<LateCaches> late_;  // engine/late.h: caches the peer registered after linking
 
-  // Worker threads of asynchronous transfers (async.cc), started on first use. Declared last so it
-  // is destroyed first: its threads finish their jobs while the rest of the engine still exists.
-  std::mutex async_mu_;
-  std::shared_ptr<AsyncPool> async_;
-  // Sender threads of layer-wise pushes (layerwise.cc). Its destructor stops the pool (runs what is
-  // queued, joins) before the engine's other members go, and refuses later layers.
-  struct LayerPoolGuard {
-    std::shared_ptr<LayerPool> pool;
-    ~LayerPoolGuard();
-  };
-  std::mutex layer_mu_;
-  LayerPoolGuard layer_pool_;
+  std::unique_ptr<Executor> exec_;    // engine/executor.h: runs checked transfers, counts their ends
+  // Worker threads of asynchronous transfers (engine/async.h), started on first use. Declared
+  // after the parts they use, so destroyed before them: its threads finish their jobs while the
+  // rest of the engine still exists.
+  std::unique_ptr<Async> async_;
+  // Sender threads of layer-wise pushes (engine/layerwise.h). Destroyed first: it stops its pool
+  // (runs what is queued, joins) before the engine's other members go, and refuses later layers.
+  std::unique_ptr<LayerWise> layerwise_;
 };
 
 }  // namespace kvblocks

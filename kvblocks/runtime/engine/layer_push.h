@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The state of a layer-wise push (include/kvblocks/layerwise.h), shared by transfer.cc (which
-// builds its plans) and layerwise.cc (which sends them).
+// The state of a layer-wise push (include/kvblocks/layerwise.h), shared by checks.cc (which
+// builds its plans) and layerwise.cc (which sends them). No engine header.
 #ifndef KVBLOCKS_RUNTIME_ENGINE_LAYER_PUSH_H_
 #define KVBLOCKS_RUNTIME_ENGINE_LAYER_PUSH_H_
 
@@ -11,8 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
+#include "engine/transfer.h"
 #include "kvblocks/layerwise.h"
+#include "llm_datadist/llm_datadist.h"
 #include "plan/plan.h"
 
 namespace kvblocks {
@@ -26,7 +27,6 @@ struct LayerItem {
 };
 
 struct LayerPushState {
-  Impl *impl = nullptr;
   std::weak_ptr<LayerPushState> self;  // the senders' reference (handles hold another, see PublishLayerPush)
   std::shared_ptr<LayerPool> pool;
   std::vector<TransferPtr> ts;                 // detached; touched only by the sender

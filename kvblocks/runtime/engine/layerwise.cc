@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Layer-wise pushes: the open runs every check and builds one plan per layer (transfer.cc); each
-// LayerReady queues its layer, and a pool thread sends the queued layers in order, taking the
-// engine, cache and link locks per layer only. Finish waits under the push's deadline; a push that
+// Layer-wise pushes (engine/layerwise.h): the open runs every check and builds one plan per layer
+// (engine/checks.h); each LayerReady queues its layer, and a pool thread sends the queued layers in
+// order, taking the engine, cache and link locks per layer only. Finish waits under the push's deadline; a push that
 // returned (or was aborted) has no layer in flight, so no byte of the destination changes later.
 #include <algorithm>
 #include <chrono>
@@ -14,10 +14,14 @@
 #include "common/error.h"
 #include "common/limits.h"
 #include "common/util.h"
-#include "engine/engine.h"
+#include "engine/checks.h"
+#include "engine/executor.h"
 #include "engine/layer_push.h"
+#include "engine/layerwise.h"
 
 namespace kvblocks {
+
+using namespace llm_datadist;  // NOLINT: status constants and API types
 
 namespace {
 
@@ -45,7 +49,7 @@ void SettleLocked(LayerPushState &s) {
 // what is queued and joins; afterwards Post refuses, so no sender touches a destroyed engine.
 class LayerPool {
  public:
-  explicit LayerPool(Impl *impl) : impl_(impl) {}
+  explicit LayerPool(Executor *exec) : exec_(exec) {}
   ~LayerPool() { Stop(); }
 
   bool Post(std::shared_ptr<LayerPushState> s) {
@@ -128,7 +132,7 @@ class LayerPool {
     Status st = LLM_SUCCESS;
     try {
       for (LayerItem &it : s.layers[l]) {
-        st = impl_->ExecuteLayer(s.ts[it.transfer].get(), &it.plan, deadline);
+        st = exec_->RunLayer(s.ts[it.transfer].get(), &it.plan, deadline);
         if (st != LLM_SUCCESS) break;
       }
     } catch (const std::bad_alloc &) {
@@ -140,7 +144,7 @@ class LayerPool {
     return st;
   }
 
-  Impl *const impl_;
+  Executor *const exec_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<LayerPushState>> q_;
@@ -149,20 +153,19 @@ class LayerPool {
   bool stop_ = false;
 };
 
-Impl::LayerPoolGuard::~LayerPoolGuard() {
-  if (pool) pool->Stop();
+LayerWise::~LayerWise() {
+  if (pool_) pool_->Stop();
 }
 
-Status Impl::PublishLayerPush(std::shared_ptr<LayerPushState> core, LayerPush *out) {
+Status LayerWise::Publish(std::shared_ptr<LayerPushState> core, LayerPush *out) {
   {
-    std::lock_guard<std::mutex> g(layer_mu_);
-    if (!layer_pool_.pool) layer_pool_.pool = std::make_shared<LayerPool>(this);
-    core->pool = layer_pool_.pool;
+    std::lock_guard<std::mutex> g(mu_);
+    if (!pool_) pool_ = std::make_shared<LayerPool>(exec_);
+    core->pool = pool_;
   }
   const size_t n = core->layers.size();
-  core->impl = this;
   core->self = core;
-  core->wait_ns = wait_time_ms_ * kMsNs;
+  core->wait_ns = *wait_ms_ * kMsNs;
   core->marked.assign(n, 0);
   core->ready_at.assign(n, 0);
   core->order.assign(n, 0);
@@ -178,35 +181,35 @@ Status Impl::PublishLayerPush(std::shared_ptr<LayerPushState> core, LayerPush *o
   return LLM_SUCCESS;
 }
 
-Status Impl::OpenLayerPush(const Cache &src, const CacheIndex &dst, const std::vector<uint64_t> &src_blocks,
-                           const std::vector<uint64_t> &dst_blocks, uint8_t tensor_num_per_layer, LayerPush *out) {
+Status LayerWise::Open(const Cache &src, const CacheIndex &dst, const std::vector<uint64_t> &src_blocks,
+                       const std::vector<uint64_t> &dst_blocks, uint8_t tensor_num_per_layer, LayerPush *out) {
   TransferPtr t = NewTransfer();
   std::vector<Plan> plans;
-  const Status st = PrepareLayerBlocks(t.get(), src, dst, src_blocks, dst_blocks, tensor_num_per_layer, &plans);
+  const Status st = checks_->LayerBlocks(t.get(), src, dst, src_blocks, dst_blocks, tensor_num_per_layer, &plans);
   if (st != LLM_SUCCESS) return st;  // `t` unlocks on this thread
   auto core = std::make_shared<LayerPushState>();
-  core->deadline = TransferDeadline(t.get());
+  core->deadline = t->deadline;
   core->layers.resize(plans.size());
   for (size_t l = 0; l < plans.size(); ++l) core->layers[l].push_back(LayerItem{0, std::move(plans[l])});
-  Detach(t.get());
+  Executor::Detach(t.get());
   core->ts.push_back(std::move(t));
-  return PublishLayerPush(std::move(core), out);
+  return Publish(std::move(core), out);
 }
 
-Status Impl::OpenLayerPushPieces(const Cache &src, uint64_t dst_cluster_id, uint32_t num_layers,
-                                 const std::vector<LayerPiece> &pieces, bool per_layer_deadline, LayerPush *out) {
+Status LayerWise::OpenPieces(const Cache &src, uint64_t dst_cluster_id, uint32_t num_layers,
+                             const std::vector<LayerPiece> &pieces, bool per_layer_deadline, LayerPush *out) {
   TransferPtr base = NewTransfer();
   Status st;
-  if ((st = PrepareLayerBase(base.get(), src, dst_cluster_id)) != LLM_SUCCESS) return st;
+  if ((st = checks_->LayerBase(base.get(), src, dst_cluster_id)) != LLM_SUCCESS) return st;
   if (num_layers == 0) return Fail(LLM_PARAM_INVALID, "a layer-wise push needs at least one layer");
   auto core = std::make_shared<LayerPushState>();
   core->layers.resize(num_layers);
   for (const LayerPiece &pc : pieces)
-    if ((st = AddLayerPiece(base.get(), pc, &core->ts, &core->layers)) != LLM_SUCCESS) return st;
-  core->deadline = TransferDeadline(base.get());
+    if ((st = checks_->AddLayerPiece(base.get(), pc, &core->ts, &core->layers)) != LLM_SUCCESS) return st;
+  core->deadline = base->deadline;
   core->per_layer_deadline = per_layer_deadline;
-  Detach(base.get());
-  return PublishLayerPush(std::move(core), out);
+  Executor::Detach(base.get());
+  return Publish(std::move(core), out);
 }
 
 // ------------------------------------------------------------------ LayerPush

@@ -1,13 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Impl lifecycle: Initialize / Finalize / SetRole, the listener and the worker threads.
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
-#include <poll.h>
+// Impl lifecycle: Initialize / Finalize / SetRole and the worker threads (the listener is link/listener.h).
 #include <pthread.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -16,12 +10,16 @@
 
 #include "common/error.h"
 #include "common/util.h"
+#include "engine/async.h"
+#include "engine/checks.h"
 #include "engine/engine.h"
+#include "engine/executor.h"
 #include "engine/keys.h"
 #include "engine/late.h"
+#include "engine/layerwise.h"
 #include "engine/notify.h"
 #include "engine/options.h"
-#include "net/socket.h"
+#include "link/listener.h"
 #include "net/tls.h"
 #include "transport/registry.h"
 #include "transport/select.h"
@@ -38,22 +36,19 @@ size_t DefaultMaxLinks() {
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return kDefaultMaxLinks;
   return std::max<size_t>(1, std::min<size_t>(kDefaultMaxLinks, rl.rlim_cur / kFdsPerLink));
 }
-
-const char *RoleName(LlmRole r) {
-  switch (r) {
-    case LlmRole::kPrompt:
-      return "PROMPT";
-    case LlmRole::kDecoder:
-      return "DECODER";
-    case LlmRole::kMix:
-      return "MIX";
-    default:
-      return "unknown";
-  }
-}
 }  // namespace
 
+// What the listener asks of the engine: runtime threads, and the linker for each connection.
+struct Impl::ListenHost final : ListenerHost {
+  explicit ListenHost(Impl *impl) : impl_(impl) {}
+  bool Spawn(std::function<void()> fn) override { return impl_->Spawn(std::move(fn)); }
+  void Handshake(int fd) override { impl_->linker_.Accept(fd); }
+  Impl *const impl_;
+};
+
 Impl::Impl(uint64_t cluster_id, LlmRole role) : cluster_id_(cluster_id), role_(role) {
+  listen_host_ = std::make_unique<ListenHost>(this);
+  listener_ = std::make_unique<Listener>(listen_host_.get(), &stopping_);
   RegisterInstance(linker_.instance_token());
   RegisterEngine(this);
   notify_ = std::make_unique<Notifier>(&links_);
@@ -63,6 +58,11 @@ Impl::Impl(uint64_t cluster_id, LlmRole role) : cluster_id_(cluster_id), role_(r
       [this](int64_t id) { return RemoveCacheHeld(id); }});
   late_ = std::make_unique<LateCaches>(
       LateCaches::Deps{&caches_, &table_mu_, [this] { return initialized(); }, &wait_time_ms_});
+  checks_ = std::make_unique<Checks>(CheckView{cluster_id_, &state_mu_, &initialized_, &role_, &role_check_,
+                                               &wait_time_ms_, &caches_, &links_, late_.get()});
+  exec_ = std::make_unique<Executor>(ExecView{&state_mu_, &initialized_, &wait_time_ms_, &stats_});
+  async_ = std::make_unique<Async>(checks_.get(), exec_.get());
+  layerwise_ = std::make_unique<LayerWise>(checks_.get(), exec_.get(), &wait_time_ms_);
   RegisterFrames();
 }
 
@@ -227,7 +227,7 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   wait_time_ms_ = wait_ms;
   role_check_ = role_check;
   if (listen) {
-    const Status st = StartListening(listen_ip, listen_port);
+    const Status st = listener_->Start(listen_ip, listen_port);
     if (st != LLM_SUCCESS) return st;
   }
   init_options_ = OptionsCopy(options);
@@ -236,26 +236,16 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   return LLM_SUCCESS;
 }
 
-std::string Impl::ListenAddress() {
-  std::lock_guard<std::mutex> g(workers_mu_);
-  if (listen_fd_ < 0) return "";
-  const bool v6 = listen_ip_.find(':') != std::string::npos;
-  return (v6 ? "[" + listen_ip_ + "]" : listen_ip_) + ":" + std::to_string(bound_port_);
-}
-
 void Impl::Finalize() {
   if (!initialized()) return;
   // Wake everything first so in-flight calls fail fast, then wait for them to leave.
   stopping_.store(true);
-  StopListening();
+  listener_->Stop();
   links_.ShutdownAll();
-  {
-    std::lock_guard<std::mutex> g(workers_mu_);
-    for (int fd : loose_fds_) shutdown(fd, SHUT_RDWR);
-  }
+  listener_->WakeLoose();
   std::unique_lock<std::shared_mutex> lk(state_mu_);
   if (!initialized()) return;
-  StopListening();  // again: a SetRole that held the lock may have started a new listener
+  listener_->Stop();  // again: a SetRole that held the lock may have started a new listener
   initialized_.store(false, std::memory_order_release);
   ReapWorkers(true);
   for (auto &kv : links_.TakeAll()) kv.second->Fail();
@@ -278,166 +268,23 @@ Status Impl::SetRole(LlmRole role, const std::map<AscendString, AscendString> &o
                 it->second.GetString());
   if (!links_.empty()) return Fail(LLM_EXIST_LINK, "set_role: unlink every cluster first");
   if (listen) {
-    if (listen_fd_ < 0 || ip != listen_ip_ || port != listen_port_) {
-      StopListening();
+    if (!listener_->ListeningOn(ip, port)) {
+      listener_->Stop();
       ReapWorkers(false);
-      const Status st = StartListening(ip, port);
+      const Status st = listener_->Start(ip, port);
       if (st != LLM_SUCCESS) return st;
     }
   } else {
-    StopListening();
+    listener_->Stop();
   }
   role_.store(role);
   return LLM_SUCCESS;
 }
 
-Status Impl::CheckRole(bool pull) const {
-  if (!role_check_) return LLM_SUCCESS;
-  const LlmRole r = role_.load();
-  if (r == LlmRole::kMix) return LLM_SUCCESS;
-  if (pull ? r == LlmRole::kDecoder : r == LlmRole::kPrompt) return LLM_SUCCESS;
-  return Fail(LLM_PARAM_INVALID, "role %s cannot %s (needs %s or MIX; or set %s=0)", RoleName(r),
-              pull ? "pull" : "push", pull ? "DECODER" : "PROMPT", OPTION_ROLE_CHECK);
-}
-
-Status Impl::StartListening(const std::string &ip, uint32_t port) {
-  if (stopping_.load()) return LLM_FAILED;
-  Status st;
-  const int fd = ListenTcp(ip, port, &st);
-  if (fd < 0) return st;
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  uint16_t bound = static_cast<uint16_t>(port);  // port 0: the kernel's choice, read back
-  if (getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &len) == 0)
-    bound = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6 *>(&ss)->sin6_port
-                                           : reinterpret_cast<sockaddr_in *>(&ss)->sin_port);
-  {
-    std::lock_guard<std::mutex> g(workers_mu_);  // ListenAddress reads them from any thread
-    listen_fd_ = fd;
-    listen_ip_ = ip;
-    listen_port_ = port;
-    bound_port_ = bound;
-  }
-  if (!Spawn([this, fd] { ListenLoop(fd); })) {
-    close(fd);
-    std::lock_guard<std::mutex> g(workers_mu_);
-    listen_fd_ = -1;
-    return LLM_FAILED;
-  }
-  return LLM_SUCCESS;
-}
-
-void Impl::StopListening() {
-  std::lock_guard<std::mutex> g(workers_mu_);
-  if (listen_fd_ >= 0) {
-    // The listener thread owns and closes the fd; shutdown() wakes its poll().
-    shutdown(listen_fd_, SHUT_RDWR);
-    listen_fd_ = -1;
-  }
-}
-
-void Impl::ListenLoop(int lfd) {
-  std::vector<pollfd> p;
-  for (;;) {
-    p.assign(1, pollfd{lfd, POLLIN, 0});
-    int64_t expiry = 0;
-    {
-      std::lock_guard<std::mutex> g(workers_mu_);
-      if (listen_fd_ != lfd) break;
-      for (const auto &kv : preauth_) {
-        if (kv.second.threaded) continue;
-        p.push_back(pollfd{kv.first, POLLIN, 0});
-        if (expiry == 0 || kv.second.since + kAuthNs < expiry) expiry = kv.second.since + kAuthNs;
-      }
-    }
-    const int timeout = expiry == 0 ? -1 : static_cast<int>(std::max<int64_t>(0, expiry - NowNs()) / kMsNs + 1);
-    const int rc = poll(p.data(), p.size(), timeout);
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc < 0 || (p[0].revents & (POLLHUP | POLLERR | POLLNVAL)) || stopping_.load()) break;
-    // In this order: nothing below closes an fd that a later step of this round still names.
-    for (size_t i = 1; i < p.size(); ++i)
-      if (p[i].revents != 0) StartHandshake(p[i].fd);
-    ExpirePreauth(false);
-    if (p[0].revents & POLLIN) AcceptBatch(lfd);
-  }
-  ExpirePreauth(true);
-  {
-    std::lock_guard<std::mutex> g(workers_mu_);
-    if (listen_fd_ == lfd) listen_fd_ = -1;
-  }
-  close(lfd);
-}
-
-void Impl::AcceptBatch(int lfd) {
-  for (size_t i = 0; i < 4 * kMaxHandshakes; ++i) {  // then poll again: the waiting ones may be ready
-    const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) usleep(10000);
-      return;
-    }
-    TuneSocket(fd);
-    // poll() says readable only once the whole HELLO frame is here (or the peer closed).
-    const int hello = static_cast<int>(kFrameHeaderBytes + kHelloBytes);
-    setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &hello, sizeof(hello));
-    std::lock_guard<std::mutex> g(workers_mu_);
-    AdmitPreauth(fd);
-  }
-}
-
-void Impl::AdmitPreauth(int fd) {
-  // When every slot is taken the oldest goes (a real handshake takes milliseconds), never the new
-  // connection; an opener whose handshake was dropped connects again (OpenHandshake).
-  if (preauth_.size() >= kMaxHandshakes) {
-    auto oldest = preauth_.begin();
-    for (auto it = preauth_.begin(); it != preauth_.end(); ++it)
-      if (it->second.since < oldest->second.since) oldest = it;
-    if (NowNs() - preauth_logged_ > kSecNs) {  // a flood logs once a second, not once a socket
-      LogWarn("%zu handshakes in progress: dropping the oldest", preauth_.size());
-      preauth_logged_ = NowNs();
-    }
-    if (oldest->second.threaded) {
-      shutdown(oldest->first, SHUT_RDWR);  // its thread closes it
-    } else {
-      loose_fds_.erase(oldest->first);
-      close(oldest->first);
-    }
-    preauth_.erase(oldest);
-  }
-  loose_fds_.insert(fd);
-  preauth_[fd] = Preauth{NowNs(), false};
-  if (stopping_.load()) shutdown(fd, SHUT_RDWR);
-}
-
-void Impl::StartHandshake(int fd) {
-  {
-    std::lock_guard<std::mutex> g(workers_mu_);
-    auto it = preauth_.find(fd);
-    if (it == preauth_.end() || it->second.threaded) return;
-    it->second.threaded = true;
-  }
-  const int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof(one));  // later frames may be shorter
-  if (!Spawn([this, fd] { linker_.Accept(fd); })) {
-    std::lock_guard<std::mutex> g(workers_mu_);
-    loose_fds_.erase(fd);
-    preauth_.erase(fd);
-    close(fd);
-  }
-}
-
-void Impl::ExpirePreauth(bool all) {
-  std::lock_guard<std::mutex> g(workers_mu_);
-  const int64_t now = NowNs();
-  for (auto it = preauth_.begin(); it != preauth_.end();) {
-    if (!it->second.threaded && (all || now - it->second.since >= kAuthNs)) {
-      loose_fds_.erase(it->first);
-      close(it->first);
-      it = preauth_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
+std::string Impl::ListenAddress() { return listener_->Address(); }
+void Impl::TrackLoose(int fd) { listener_->TrackLoose(fd); }
+void Impl::ForgetLoose(int fd) { listener_->ForgetLoose(fd); }
+bool Impl::LeavePreauth(int fd) { return listener_->LeavePreauth(fd); }
 
 bool Impl::Spawn(std::function<void()> fn) {
   ReapWorkers(false);

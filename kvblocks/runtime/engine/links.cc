@@ -99,21 +99,6 @@ std::shared_ptr<LocalMemory> Impl::OurCache(int64_t id) { return caches_.Find(id
 
 void Impl::Serve(int fd, const std::shared_ptr<struct Link> &link) { ServeChannel(fd, link.get(), caches_); }
 
-void Impl::TrackLoose(int fd) {
-  std::lock_guard<std::mutex> g(workers_mu_);
-  loose_fds_.insert(fd);
-}
-
-void Impl::ForgetLoose(int fd) {
-  std::lock_guard<std::mutex> g(workers_mu_);
-  loose_fds_.erase(fd);
-}
-
-bool Impl::LeavePreauth(int fd) {
-  std::lock_guard<std::mutex> g(workers_mu_);
-  return preauth_.erase(fd) != 0;
-}
-
 bool Impl::Running() const { return initialized(); }
 
 }  // namespace kvblocks

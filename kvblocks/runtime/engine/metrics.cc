@@ -1,29 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// The engine's side of its metrics: where a transfer's end is counted, and the snapshot.
+// The engine's side of its metrics: where a link attempt's end is counted, and the snapshot (a
+// transfer's end: Executor::Tally).
 #include "common/util.h"
 #include "engine/engine.h"
-#include "engine/transfer.h"
 #include "metrics/stats.h"
 #include "transport/registry.h"
 
 namespace kvblocks {
-
-namespace {
-uint64_t PlanBytes(const Transfer *t) {
-  uint64_t n = t->plan.total_bytes();
-  for (const auto &p : t->rest) n += p->plan.total_bytes();
-  return n;
-}
-}  // namespace
-
-// The peer is the link's (none: the call failed before it found one); the path is the remote
-// cache's, so a new transport needs nothing here.
-Status Impl::Tally(const Transfer *t, Status st) {
-  metrics::PeerStats &peer = t->link ? *t->link->stats : stats_.none();
-  const char *path = t->remote != nullptr ? t->remote->path->name() : "none";
-  peer.Finish(path, t->kind, st, st == LLM_SUCCESS ? PlanBytes(t) : 0, NowNs() - t->start_ns);
-  return st;
-}
 
 Status Impl::TallyLink(uint64_t cluster_id, Status st) {
   if (st != LLM_SUCCESS && st != LLM_ALREADY_LINK) metrics::Add(stats_.Peer(cluster_id)->link_failures);

@@ -7,7 +7,10 @@
 
 #include "common/error.h"
 #include "common/util.h"
+#include "engine/async.h"
+#include "engine/checks.h"
 #include "engine/engine.h"
+#include "engine/executor.h"
 #include "engine/transfer.h"
 #include "plan/plan.h"
 
@@ -59,8 +62,7 @@ Status CheckFits(const PreparedState &p, const CacheEntry &lc, const RemoteCache
 
 Status Impl::PrepareTransfer(const BlocksRequest &r, const LayoutTransform *xf, PreparedTransfer *out) {
   Transfer t;
-  const Status st = r.pull ? PreparePullBlocks(t, r.remote, r.local, r.src_blocks, r.dst_blocks, r.ext, xf)
-                           : PreparePushBlocks(t, r.local, r.remote, r.src_blocks, r.dst_blocks, r.ext, xf);
+  const Status st = checks_->Blocks(&t, r.pull, r.remote, r.local, r.src_blocks, r.dst_blocks, r.ext, xf);
   if (st != LLM_SUCCESS) return st;
   auto p = std::make_shared<PreparedState>();
   p->engine = this;
@@ -84,13 +86,13 @@ Status Impl::ExecutePrepared(PreparedState &p) {
   Transfer t;
   t.kind = p.pull ? metrics::kPullBlocks : metrics::kPushBlocks;
   Status st;
-  if ((st = Begin(&t, p.pull)) != LLM_SUCCESS || (st = FindLocal(&t, p.local_id)) != LLM_SUCCESS ||
-      (st = FindLink(&t, p.cluster_id)) != LLM_SUCCESS || (st = FindRemote(&t, p.remote_id)) != LLM_SUCCESS ||
+  if ((st = checks_->Begin(&t, p.pull)) != LLM_SUCCESS || (st = checks_->FindLocal(&t, p.local_id)) != LLM_SUCCESS ||
+      (st = checks_->FindLink(&t, p.cluster_id)) != LLM_SUCCESS || (st = checks_->FindRemote(&t, p.remote_id)) != LLM_SUCCESS ||
       (st = CheckFits(p, *t.local, *t.remote)) != LLM_SUCCESS)
-    return Tally(&t, st);
+    return exec_->Tally(&t, st);
   std::lock_guard<std::mutex> g(p.mu);
   std::swap(t.plan, p.plan);  // lent, not copied: an execution costs nothing per segment
-  st = Tally(&t, Execute(&t, p.pull));
+  st = exec_->Tally(&t, exec_->Run(&t, p.pull));
   std::swap(t.plan, p.plan);
   return st;
 }
@@ -101,16 +103,16 @@ Status Impl::ExecutePreparedAsync(PreparedState &p, TransferHandle *out) {
   TransferPtr t = NewTransfer();
   t->kind = p.pull ? metrics::kPullBlocksAsync : metrics::kPushBlocksAsync;
   Status st;
-  if ((st = Begin(t.get(), p.pull)) != LLM_SUCCESS || (st = FindLocal(t.get(), p.local_id)) != LLM_SUCCESS ||
-      (st = FindLink(t.get(), p.cluster_id)) != LLM_SUCCESS || (st = FindRemote(t.get(), p.remote_id)) != LLM_SUCCESS ||
+  if ((st = checks_->Begin(t.get(), p.pull)) != LLM_SUCCESS || (st = checks_->FindLocal(t.get(), p.local_id)) != LLM_SUCCESS ||
+      (st = checks_->FindLink(t.get(), p.cluster_id)) != LLM_SUCCESS || (st = checks_->FindRemote(t.get(), p.remote_id)) != LLM_SUCCESS ||
       (st = CheckFits(p, *t->local, *t->remote)) != LLM_SUCCESS)
-    return Tally(t.get(), st);
+    return exec_->Tally(t.get(), st);
   {
     std::lock_guard<std::mutex> g(p.mu);
     t->plan = p.plan;
   }
-  Detach(t.get());
-  SubmitPrepared(std::move(t), p.pull, out);
+  Executor::Detach(t.get());
+  async_->Submit(std::move(t), p.pull, out);
   return LLM_SUCCESS;
 }
 

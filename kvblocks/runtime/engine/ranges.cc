@@ -7,7 +7,10 @@
 
 #include "common/error.h"
 #include "common/util.h"
+#include "engine/async.h"
+#include "engine/checks.h"
 #include "engine/engine.h"
+#include "engine/executor.h"
 #include "engine/transfer.h"
 
 namespace kvblocks {
@@ -122,7 +125,7 @@ Status Impl::PrepareRanges(Transfer *t, uint64_t cluster_id, bool read, const Ad
     if (ranges[i].local == 0 || ranges[i].remote == 0)
       return Fail(LLM_PARAM_INVALID, "ranges[%zu]: the %s address is 0", i, ranges[i].local == 0 ? "local" : "remote");
   Status st;
-  if ((st = FindLink(t, cluster_id)) != LLM_SUCCESS) return st;
+  if ((st = checks_->FindLink(t, cluster_id)) != LLM_SUCCESS) return st;
   if (n == 0) return Fail(LLM_PARAM_INVALID, "no ranges given");
   const auto &theirs = RemoteByAddr(*t->link);
   std::vector<Transfer *> groups;  // t first, then t->rest
@@ -162,7 +165,7 @@ Status Impl::TransferRanges(uint64_t cluster_id, bool read, const AddrRange *ran
   t.kind = read ? metrics::kHixlRead : metrics::kHixlWrite;
   t.start_ns = NowNs();
   const Status st = PrepareRanges(&t, cluster_id, read, ranges, n, t.start_ns + ms * kMsNs);
-  return Tally(&t, st != LLM_SUCCESS ? st : Execute(&t, read));
+  return exec_->Tally(&t, st != LLM_SUCCESS ? st : exec_->Run(&t, read));
 }
 
 Status Impl::SubmitRanges(uint64_t cluster_id, bool read, const AddrRange *ranges, size_t n, int64_t timeout_ms,
@@ -172,9 +175,9 @@ Status Impl::SubmitRanges(uint64_t cluster_id, bool read, const AddrRange *range
   t->kind = read ? metrics::kHixlReadAsync : metrics::kHixlWriteAsync;
   t->start_ns = NowNs();
   const Status st = PrepareRanges(t.get(), cluster_id, read, ranges, n, t->start_ns + budget);
-  if (st != LLM_SUCCESS) return Tally(t.get(), st);
-  Detach(t.get());
-  SubmitPrepared(std::move(t), read, out);
+  if (st != LLM_SUCCESS) return exec_->Tally(t.get(), st);
+  Executor::Detach(t.get());
+  async_->Submit(std::move(t), read, out);
   return LLM_SUCCESS;
 }
 

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// What a transfer holds while its bytes move (shared by transfer.cc, ranges.cc and async.cc).
+// What a transfer holds while its bytes move: checks.cc fills it, executor.cc runs it (ranges.cc,
+// async.cc and layerwise.cc hold them too).
+// No engine header: a part that only prepares or runs transfers does not rebuild with engine.h.
 #ifndef KVBLOCKS_RUNTIME_ENGINE_TRANSFER_H_
 #define KVBLOCKS_RUNTIME_ENGINE_TRANSFER_H_
 
@@ -7,11 +9,20 @@
 #include <shared_mutex>
 #include <vector>
 
-#include "engine/engine.h"
+#include "cache/cache.h"
 #include "link/link.h"
+#include "metrics/stats.h"
 #include "plan/plan.h"
 
 namespace kvblocks {
+
+struct Transfer;
+// Frees a Transfer (defined in transfer.cc) on the thread that holds its locks.
+struct TransferFree {
+  void operator()(Transfer *t) const;
+};
+using TransferPtr = std::unique_ptr<Transfer, TransferFree>;
+TransferPtr NewTransfer();  // transfer.cc
 
 struct Transfer {
   std::shared_lock<std::shared_mutex> state;
