@@ -14,6 +14,13 @@
 #                            else built from this checkout; SPEC: more requirements (may be empty)
 #   ci_wheel                 builds the run's wheel once into $CI_DIST (a part: runs in a subshell)
 #   ci_use_wheel             exports KVBLOCKS_WHEEL, the wheel ci_wheel built
+#   ci_pytest NAME [RULE...] -- ARGS...
+#                            pytest ARGS from / (so the venv's installed kvblocks is imported, not the
+#                            source tree) with a junit report; fails when pytest fails, collects nothing
+#                            (exit 5) or the report breaks the skip rule. RULE: --only REGEX (count only
+#                            tests whose "classname::name" matches), --min-run N (at least N of them ran;
+#                            default 1), --max-skips N (at most N skipped; default 0), --ignore-skip TEXT
+#                            (skips whose reason contains TEXT are not counted)
 
 CI_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CI_DIST=${CI_DIST:-$CI_ROOT/build/ci-dist}
@@ -139,4 +146,46 @@ ci_install() {
   else
     pip install -q $more "$CI_ROOT[$extras]"
   fi
+}
+
+ci_pytest() {
+  local name=$1 only="" min_run=1 max_skips=0 ignore="" report rc t0
+  shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do
+    case $1 in
+      --only) only=$2 ;;
+      --min-run) min_run=$2 ;;
+      --max-skips) max_skips=$2 ;;
+      --ignore-skip) ignore=$2 ;;
+      *) ci_log "ci_pytest: unknown rule $1"; return 2 ;;
+    esac
+    shift 2
+  done
+  shift
+  report=$(mktemp)
+  t0=$(date +%s)
+  (cd / && pytest "$@" --junitxml="$report")
+  rc=$?
+  echo "ci/$name: tests took $(($(date +%s) - t0)) s"
+  if [ "$rc" = 5 ]; then
+    ci_log "$name: pytest collected no tests"
+    rc=1
+  elif [ "$rc" = 0 ] && ! python - "$report" "$only" "$min_run" "$max_skips" "$ignore" <<'PY'
+import re, sys, xml.etree.ElementTree as ET
+report, only, min_run, max_skips, ignore = sys.argv[1:]
+cases = [c for c in ET.parse(report).getroot().iter("testcase")
+         if re.search(only, c.get("classname", "") + "::" + c.get("name", ""))]
+skips = [s for s in (c.find("skipped") for c in cases) if s is not None]
+counted = [s for s in skips if not (ignore and ignore in s.get("message", ""))]
+ran = len(cases) - len(skips)
+print(f"skip rule: {ran} ran (at least {min_run}), {len(counted)} skipped (at most {max_skips})"
+      + (f" and {len(skips) - len(counted)} allowed skips ('{ignore}')" if ignore else ""))
+sys.exit(0 if ran >= int(min_run) and len(counted) <= int(max_skips) else 1)
+PY
+  then
+    ci_log "$name: the skip rule failed: tests were skipped or too few ran (is what they test importable in $(command -v python)?)"
+    rc=1
+  fi
+  rm -f "$report"
+  return "$rc"
 }
