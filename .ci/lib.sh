@@ -242,5 +242,8 @@ ci_uv_env() {  # uv reads no pip configuration: give it pip's indexes, links, co
     esac
   done < <(python3 -m pip config list 2>/dev/null)
   export UV_INDEX_STRATEGY=${UV_INDEX_STRATEGY:-unsafe-best-match}  # as pip: the best version over all indexes
+  # as pip: compile the .pyc files at install; else the first import of torch and transformers (a test's
+  # checkpoint writer, with a 300 s timeout) compiles them, which took over 300 s at load 20
+  export UV_COMPILE_BYTECODE=${UV_COMPILE_BYTECODE:-1}
   CI_UV_ENV=1
 }
