@@ -22,8 +22,10 @@ from test_spec_pull import make_arrays, register  # noqa: E402
 
 S = kb.Status
 NB = 4  # blocks per cache
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-MORE = settings(SETTINGS, max_examples=200)
+# KVB_PROPERTY_EXAMPLES: fewer under the sanitizers (.ci/run), where each example costs several times more
+EXAMPLES = int(os.environ.get("KVB_PROPERTY_EXAMPLES", "60"))
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MORE = settings(SETTINGS, max_examples=EXAMPLES * 10 // 3)
 
 
 class World:

@@ -16,8 +16,18 @@ from procs import wait_stopped  # noqa: E402
 ENGINE = os.path.join(HERE, "engine_proc.py")
 
 
+_MODEL: List[str] = []  # the checkpoint this process wrote first
+
+
 def make_model(path: str) -> str:
+    """Writes the tiny random checkpoint (engine_proc.py) at ``path``. It is the same every time (fixed
+    seed), so after the first in a process ``path`` links to that one: writing it starts torch and
+    transformers in a new process, seconds of CPU per test module."""
+    if _MODEL and os.path.isfile(os.path.join(_MODEL[0], "config.json")):
+        os.symlink(_MODEL[0], path)
+        return path
     subprocess.run([sys.executable, ENGINE, "--make-model", path], check=True, capture_output=True, timeout=300)
+    _MODEL[:] = [path]
     return path
 
 

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """KvblocksConnector end to end with real vLLM engines (CPU build), each in its own process.
 
-One prefill (kv_producer) and one decode (kv_consumer) engine with KvblocksConnector, a plain engine for
-the reference tokens, then (when nixl is installed) the same with vLLM's NixlConnector for comparison.
+One prefill (kv_producer) and one decode (kv_consumer) engine with KvblocksConnector (the prefill, on its
+own, gives the reference tokens), then (when nixl is installed) the same with vLLM's NixlConnector for comparison.
 The model is a tiny random Llama checkpoint written here (random weights with a large init range, so a
 wrong KV changes the tokens). Run: ``pytest tests/vllm -m vllm -s`` (prints the hand-off times).
 
@@ -76,18 +76,7 @@ def workdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(workdir):
-    """Greedy tokens of one plain (non-disaggregated) engine for every prompt used here."""
-    e = Engine("plain", str(workdir / "model"), None, 0, log_dir=str(workdir))
-    try:
-        out = e.wait_ready().generate(ALL, MAX_TOKENS)["tokens"]
-    finally:
-        e.close()
-    return {tuple(p): t for p, t in zip(ALL, out)}
-
-
-@pytest.fixture(scope="module")
-def kvb_pair(workdir, reference):
+def kvb_pair(workdir):
     port = free_port(2)
     env_d = {"KVB_TIMING_FILE": str(workdir / "kvb_recv.jsonl"), "KVB_STATS_FILE": str(workdir / "kvb_stats.jsonl")}
     env_p = {"KVB_SEND_FILE": str(workdir / "kvb_send.jsonl")}
@@ -98,6 +87,19 @@ def kvb_pair(workdir, reference):
     d = Engine("kvb-decode", str(workdir / "model"), cfg_d, 1, env_d, str(workdir), log_stats=True)
     p.port = port
     yield from serve_pair(p, d)
+
+
+@pytest.fixture(scope="module")
+def reference(kvb_pair):
+    """Greedy tokens of one engine alone (no hand-off) for every prompt used here: the prefill's, which
+    later prefills them, so the decode has no local prefix hit for them (a third, plain engine would
+    cost a start-up)."""
+    p, _ = kvb_pair
+    return one_engine(p, [pr for pr in ALL if pr not in PUSH + PUSH_NEG])
+
+
+def one_engine(p, batch):
+    return {tuple(pr): t for pr, t in zip(batch, p.generate(batch, MAX_TOKENS)["tokens"])}
 
 
 def serve_pair(p, d):
@@ -219,12 +221,15 @@ def recomputes(d):
 
 def test_layer_wise_push_same_tokens_and_negative_control(kvb_pair, reference):
     """The prefill pushes each layer into the blocks the decode reserved: same tokens as one engine, no
-    recompute; pushed into the reserved blocks reversed, the tokens change (so the KV came by the push)."""
+    recompute; pushed into the reserved blocks reversed, the tokens change (so the KV came by the push).
+    The one-engine tokens of these prompts come from the prefill after the pushes: before, they would
+    have been prefix hits there, and the prefill would have pushed layers it had not computed."""
     p, d = kvb_pair
     before = recomputes(d)
     out = push(p, d, PUSH, MAX_TOKENS, "push-eq")["tokens"]
-    assert out == [reference[tuple(pr)] for pr in PUSH]
     bad = push(p, d, PUSH_NEG, MAX_TOKENS, "push-neg", extra={"_test_reverse_blocks": True})["tokens"]
+    reference.update(one_engine(p, PUSH + PUSH_NEG))
+    assert out == [reference[tuple(pr)] for pr in PUSH]
     assert recomputes(d) == before, "a push failed and vLLM recomputed: the test could not fail"
     differ = [bad[i] != reference[tuple(pr)] for i, pr in enumerate(PUSH_NEG)]
     RESULTS["push"] = {"equal": True, "negative_differs": differ}
