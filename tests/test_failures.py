@@ -137,16 +137,20 @@ def test_killed_peer_fails_in_flight_call_fast_and_relinks_after_restart(frozen_
     blocks = list(range(BLOCKS))
     # The call's thread and the kill both need the CPU: a shared machine's wake-up lateness, measured,
     # is allowed on top of the margin (the fixed 0.1 s alone failed CI runs at load 10).
-    allowance = Scheduler().allowance()
+    sched = Scheduler()
+    sched.allowance()
     th, out = _start(lambda: me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, blocks, blocks))
     time.sleep(0.003)
     os.kill(peer.info["pid"], signal.SIGKILL)
+    peer.proc.wait()
+    # Timed from the peer's death (reaped), not from the signal: the kernel's teardown of a process
+    # with its caches mapped took 0.4-2.3 s at load 10-15, and its sockets close during it.
     killed_at = time.monotonic()
     th.join(5)
-    peer.proc.wait()
     if out["status"] != kb.Status.LLM_SUCCESS:  # it may have finished before the kill landed
         assert out["status"] == kb.Status.LLM_LINK_FAILED
-        assert out["end"] - killed_at <= MARGIN_S + allowance
+        # Lateness re-measured after the call too: load that came during it counts (the max is kept).
+        assert out["end"] - killed_at <= MARGIN_S + sched.allowance()
     time.sleep(0.2)
     with pytest.raises(kb.LinkError) as e:
         me.pull_kv_blocks(kb.CacheIndex(1, peer.info["reg"]), cache, [0], [0])

@@ -199,13 +199,17 @@ def test_killed_peer_fails_a_waiting_call_fast(make, sched, backend):
     while not any(p["in_flight"] for peer in x.me.metrics()["peers"] for p in peer["paths"]):
         assert time.monotonic() < deadline and th.is_alive(), "the call never went in flight"
         time.sleep(sched.lateness)
-    allowance = sched.allowance()
-    killed_at = time.monotonic()
+    sched.allowance()
     x.kill()  # returns once the process is dead (every thread gone or a zombie) and reaped
+    # Timed from the peer's death, not from the signal: the kernel's teardown of a frozen process
+    # (its 128 MiB unmapped before its sockets close) took 0.1-0.8 s at load 10, not ours to count.
+    killed_at = time.monotonic()
     th.join(5)
+    # Lateness re-measured after the call too: load that came during it counts (the max is kept).
+    allowance = sched.allowance()
     assert not th.is_alive(), "the call outlived its deadline"
     print(f"\n{backend}: a pull waiting on a killed peer returned {out['status'].name} "
-          f"{(out['end'] - killed_at) * 1e3:.0f} ms after SIGKILL")
+          f"{(out['end'] - killed_at) * 1e3:.0f} ms after the peer died")
     assert out["status"] in (S.LLM_LINK_FAILED, S.LLM_NOT_YET_LINK), out["status"]
     assert out["end"] - killed_at <= 0.1 + allowance, "a dead peer must fail the call, not its deadline"
     assert x.local_filled()
