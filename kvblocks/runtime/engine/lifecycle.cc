@@ -174,6 +174,7 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
     wait_ms = static_cast<int64_t>(ms);
   }
   BackendOptions bo;  // what the backends decide on (transport/backend.h)
+  for (const auto &kv : options) bo.given[kv.first.GetString()] = kv.second.GetString();
   if (get(OPTION_TRANSPORT, &v)) {
     if (!KnownTransport(v))
       return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use %s", OPTION_TRANSPORT, v.c_str(), TransportChoices().c_str());
@@ -196,12 +197,6 @@ Status Impl::Initialize(const std::map<AscendString, AscendString> &options) {
   if (get(OPTION_ROLE_CHECK, &v)) {
     if (v != "0" && v != "1") return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use 0 or 1", OPTION_ROLE_CHECK, v.c_str());
     role_check = v == "1";
-  }
-  // One-sided RMA over the network serves any address to anyone reaching it (README, threat model).
-  if (get(OPTION_UCX_TRUSTED_NETWORK, &v)) {
-    if (v != "0" && v != "1")
-      return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use 0 or 1", OPTION_UCX_TRUSTED_NETWORK, v.c_str());
-    bo.trusted_network = v == "1";
   }
   // The caller's side decides; a peer that cannot check is refused (the served backend's).
   if (get(OPTION_INTEGRITY, &v)) {

@@ -20,59 +20,23 @@
 #include "wire/table.h"
 #include "llm_datadist/llm_datadist.h"
 #include "metrics/stats.h"
-#include "transport/local_peer.h"
-#include "transport/path.h"
+#include "transport/peer.h"
 #include "transport/registry.h"
 #include "wire/messages.h"
 
 namespace kvblocks {
 
-// The peer's cache as seen through a link.
-struct RemoteCache : TableEntry {
-  // Shared by copies of this entry. Transfers hold `mu` shared; the peer's CACHE_GONE takes it
-  // exclusively and sets `gone` before it is acknowledged, so no one-sided copy touches memory
-  // the peer frees after unregistering.
-  struct Liveness {
-    std::shared_mutex mu;
-    bool gone = false;
-    std::set<int64_t> released_keys;  // batch keys the owner (or we) released since linking
-  };
-  std::shared_ptr<Liveness> live = std::make_shared<Liveness>();
-  std::shared_ptr<Path> path;
-  explicit RemoteCache(TableEntry e) : TableEntry(std::move(e)) {}
-};
-
-struct RemoteUse {
-  std::shared_lock<std::shared_mutex> lock;
-  bool ok;
-  explicit RemoteUse(const RemoteCache &rc) : lock(rc.live->mu), ok(!rc.live->gone) {}
-};
-
 using ChannelOpener = std::function<int(ConnKind kind, int64_t deadline, llm_datadist::Status *st)>;
 
-struct Link {
-  uint64_t remote_cluster_id = 0;
-  std::atomic<bool> alive{true};
-  std::shared_ptr<metrics::PeerStats> stats;  // the peer's counters (set by NewLink, never null after)
+// The link's own bookkeeping; what backends read of it (the verified facts, the peer's table, the
+// attached backends) is its PeerLink part (transport/peer.h). final: calls through a Link are direct.
+struct Link final : PeerLink {
   std::atomic<bool> registered{false};  // it was up: its failure counts as a break
-  bool opener = false;
   std::string remote_ip;
   std::string peer_addr;  // the peer's IP address as the kernel reports it (link caps count by it)
   uint16_t remote_port = 0;
   uint8_t token[16] = {};
   int ctrl_fd = -1;
-  int64_t clock_offset_ns = 0;  // peer clock = local clock + offset (the bound that errs early)
-  int64_t clock_slack_ns = 0;   // how early the peer may stop serving our request: the offset's error
-  PeerIdentity peer;          // claimed: hints only
-  LocalPeer local;            // kernel-verified same-host peer (pid, pidfd, memfds); pid 0 when none
-  uint64_t capabilities = 0;  // offered by both sides
-  bool integrity = false;     // kvblocks.Integrity=crc32c on our side: our served requests carry CRC32C
-  bool same_process = false;  // verified: the peer proved it is an engine of this process
-  bool same_host = false;     // verified: same_process or local.pid
-  // The backends that may reach the peer, most preferred first, each with its state for this peer
-  // (transport/registry.h); set by ChoosePaths (and AttachLater) before the link is registered.
-  std::vector<Attached> attached;
-  std::map<int64_t, RemoteCache> caches;  // immutable once the link is registered: read without locks
   std::set<int64_t> shown;  // our cache ids in the table the peer got (set before the link is used)
   // Caches the peer registered after linking, learned one at a time on first use (CACHE_QUERY,
   // engine/late.cc) and reached over the served path only. At most kMaxLateCaches: the oldest is forgotten
@@ -92,6 +56,9 @@ struct Link {
   // The peer has closed (or reset) the control connection, though ControlChannel::Run may not have seen it yet.
   bool CtrlClosedByPeer();
   ChannelOpener open_channel;  // opener side: connects and authenticates one more data channel
+  int OpenChannel(ConnKind kind, int64_t deadline, llm_datadist::Status *st) override {
+    return open_channel(kind, deadline, st);
+  }
   // Address-based transfers (engine/ranges.cc): `caches` sorted by announced address, built once.
   std::once_flag by_addr_once;
   std::vector<std::pair<uint64_t, const RemoteCache *>> by_addr;
@@ -120,15 +87,15 @@ struct Link {
   std::mutex ctrl_write_mu;
 
   void AddFd(int fd);
-  void ForgetFd(int fd);  // closes it
+  void ForgetFd(int fd) override;  // closes it
   void Shutdown();        // wakes every blocked I/O on the link (and the attached backends' waiters)
-  void Fail();            // marks it dead, wakes everyone; the attached backends let go (idle channels)
+  void Fail() override;   // marks it dead, wakes everyone; the attached backends let go (idle channels)
   void CountEnd();        // in the peer's metrics: an unlink or a break
   // Sends a control frame unless the control connection is already closed (ctrl_fd = -1).
-  bool SendCtrl(uint16_t type, int64_t deadline, const std::string &payload = std::string());
+  bool SendCtrl(uint16_t type, int64_t deadline, const std::string &payload = std::string()) override;
   void CloseCtrl();  // closes ctrl_fd under ctrl_write_mu, so no writer can hit a reused fd
   std::string PathName() const;      // DescribePaths: backend names joined by "+"
-  ~Link();
+  ~Link() override;
 };
 
 }  // namespace kvblocks

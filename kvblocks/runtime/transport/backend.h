@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,7 +21,7 @@
 
 namespace kvblocks {
 
-struct Link;
+struct PeerLink;
 struct RemoteCache;
 struct TableEntry;
 
@@ -59,9 +60,16 @@ class EngineState {
 // What Initialize parsed that backends decide on: offering (Offered) and refusing (CheckOptions).
 struct BackendOptions {
   std::string transport = "auto";  // kvblocks.Transport: auto, or a backend's transport_option()
-  bool trusted_network = false;    // OPTION_UCX_TRUSTED_NETWORK=1: one-sided RMA over the network allowed
   bool integrity = false;          // kvblocks.Integrity=crc32c
   std::string encryption = "none";  // kvblocks.Encryption as given (Initialize checks the value)
+  // Every option Initialize was given, by key: the ones a single backend decides on are its own to
+  // read (Offered) and to check (CheckOptions); Initialize does not look at them.
+  std::map<std::string, std::string> given;
+  // The value of option `key`, `absent` when it was not given.
+  std::string Get(const char *key, const std::string &absent = std::string()) const {
+    auto it = given.find(key);
+    return it == given.end() ? absent : it->second;
+  }
 };
 
 // What a backend's exchange after CONFIRM gets from the engine making the link.
@@ -96,7 +104,7 @@ class Backend {
   // stand though this backend did not attach (the link fails unless one of the option's backends
   // attached or says so). Backends that attach after CONFIRM are judged there instead
   // (AttachAfterConfirm's `required`).
-  virtual bool Suits(const Link & /*link*/) const { return false; }
+  virtual bool Suits(const PeerLink & /*link*/) const { return false; }
   // Whether the link needs the same-host local exchange (a kernel-verified pid, memfds) for it.
   virtual bool NeedsLocalExchange() const { return false; }
   // Its descriptor in the cache table every linked peer receives (nothing by default). Never
@@ -107,9 +115,9 @@ class Backend {
   virtual void Unregister(LocalMemory * /*cache*/) {}
   // From what `link` verified about the peer (never what the peer claims): whether this backend may
   // reach it; `*state` may receive its per-peer state. Called once both sides' capabilities are known.
-  virtual bool Attach(Link *link, std::shared_ptr<PeerState> *state) = 0;
+  virtual bool Attach(PeerLink *link, std::shared_ptr<PeerState> *state) = 0;
   // Its path to one remote cache, null when it cannot reach that one (the next backend is asked).
-  virtual std::shared_ptr<Path> PathFor(Link *link, PeerState *state, RemoteCache &rc) = 0;
+  virtual std::shared_ptr<Path> PathFor(PeerLink *link, PeerState *state, RemoteCache &rc) = 0;
 
   // ---- the exchange after CONFIRM, for backends whose descriptors let a peer reach our memory
   // without our serving it: sent only once the peer confirmed the link, only to that peer, only
@@ -124,14 +132,14 @@ class Backend {
   }
   // The peer's data, checked whole against the link's table: false when malformed or inconsistent
   // (the link fails). `*learned`: what attaching needs; null when the peer offered nothing.
-  virtual bool TakeAttachData(const Link & /*link*/, const std::string & /*data*/,
+  virtual bool TakeAttachData(const PeerLink & /*link*/, const std::string & /*data*/,
                               std::shared_ptr<PeerState> * /*learned*/) {
     return false;
   }
   // Attaches (Registry's AttachLater) from `learned` (null: the peer offered nothing, or the two did
   // not exchange); `required` (kvblocks.Transport selects this backend): every cache it reaches
   // takes its path. False, with *why, when it did not attach.
-  virtual bool AttachAfterConfirm(const AttachEnv & /*env*/, Link * /*link*/, std::shared_ptr<PeerState> /*learned*/,
+  virtual bool AttachAfterConfirm(const AttachEnv & /*env*/, PeerLink * /*link*/, std::shared_ptr<PeerState> /*learned*/,
                                   bool /*required*/, std::string *why) {
     *why = "this backend attaches at link time";
     return false;

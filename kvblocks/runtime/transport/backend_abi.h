@@ -56,10 +56,10 @@ typedef struct {
   kvb_rkey *(*rkey_unpack)(kvb_ep *ep, const void *buf, size_t len);
   void (*rkey_destroy)(kvb_rkey *rkey);
   // Posts every op (get when `get`, else put) and waits for them until deadline_ns (CLOCK_MONOTONIC);
-  // a put call then makes its writes remote-complete (UCX: a flush) within the same deadline.
+  // a put call then makes its writes remote-complete (e.g. by a flush) within the same deadline.
   // `keep_going(arg)` is polled while waiting; 0 aborts. Whatever the outcome, when it returns no op
   // of this or any other call on `ep` touches local memory afterwards (how is the backend's affair:
-  // UCX force-closes an endpoint with ops in flight and parks one whose flush alone timed out).
+  // e.g. force-closing an endpoint with ops in flight, parking one whose flush alone timed out).
   // `lmems`: the local mappings the ops' local ranges lie in (the backend then skips its own lookup).
   int (*run)(kvb_ep *ep, kvb_rkey *const *rkeys, size_t nrkeys, kvb_mem *const *lmems, size_t nlmems,
              const kvb_op *ops, size_t n, int get, int64_t deadline_ns, int (*keep_going)(void *), void *arg,

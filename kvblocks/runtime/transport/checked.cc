@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "link/link.h"
+#include "transport/peer.h"
 #include "security/crc32c.h"
 #include "wire/codec.h"
 
@@ -114,7 +114,7 @@ IoResult RecvChecked(const ReadIovFn &read, iovec *head, size_t nhead, const Pai
   return Walk(pairs, kRecvBatch, &iov, chunk, flush);
 }
 
-void NoteCrcMismatch(const Link *link, bool) {
+void NoteCrcMismatch(const PeerLink *link, bool) {
   // The caller has already set the call's error message; this counts it for the operator.
   if (link != nullptr && link->stats) metrics::Add(link->stats->crc_mismatches);
 }

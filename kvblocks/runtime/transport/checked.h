@@ -15,7 +15,7 @@
 
 namespace kvblocks {
 
-struct Link;
+struct PeerLink;
 
 // A request's (tensor, range) pairs in stream order (tensor-major), as this side's memory.
 struct PairList {
@@ -38,7 +38,7 @@ IoResult RecvChecked(const ReadIovFn &read, iovec *head, size_t nhead, const Pai
 
 // The one place a CRC mismatch is noted, on the side that detected it (`served`: we served the
 // request, a push into our memory; else our own pull). Metrics hook in here.
-void NoteCrcMismatch(const Link *link, bool served);
+void NoteCrcMismatch(const PeerLink *link, bool served);
 
 }  // namespace kvblocks
 

@@ -15,7 +15,7 @@
 
 namespace kvblocks {
 
-struct Link;
+struct PeerLink;
 class Path;
 class Backend;
 
@@ -73,7 +73,7 @@ llm_datadist::Status CopyPlan(const Plan &plan, uint8_t *const *src, uint8_t *co
 
 // The served backend's other half: serves the peer's requests on one data channel until it closes;
 // checks every request against this process's own cache table.
-void ServeChannel(int fd, Link *link, const LocalTable &caches);
+void ServeChannel(int fd, PeerLink *link, const LocalTable &caches);
 
 }  // namespace kvblocks
 

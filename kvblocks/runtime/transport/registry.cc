@@ -3,7 +3,7 @@
 
 #include <set>
 
-#include "link/link.h"
+#include "transport/peer.h"
 #include "transport/select.h"
 #include "wire/messages.h"
 
@@ -72,7 +72,7 @@ uint64_t LocalExchangeCapabilities() {
   return caps;
 }
 
-bool TransportSuits(const Link &link, const std::string &transport, std::string *names) {
+bool TransportSuits(const PeerLink &link, const std::string &transport, std::string *names) {
   bool selects = false;
   for (Backend *b : Backends()) {
     if (transport != b->transport_option() || b->ExchangesAttachData()) continue;
@@ -94,7 +94,7 @@ std::vector<Backend *> AttachExchangers(uint64_t caps) {
 
 uint8_t BackendId(const Backend &b) { return static_cast<uint8_t>(__builtin_ctzll(b.capability())); }
 
-void ChoosePaths(Link *link) {
+void ChoosePaths(PeerLink *link) {
   VerifyPeer(link);
   link->attached.clear();
   Backend *served = Backends().back();
@@ -118,7 +118,7 @@ void ChoosePaths(Link *link) {
   link->local.Release();  // memfds of caches no backend mapped
 }
 
-void AttachLater(Link *link, Backend *b, std::shared_ptr<PeerState> state, bool all) {
+void AttachLater(PeerLink *link, Backend *b, std::shared_ptr<PeerState> state, bool all) {
   const std::vector<Attached> one = {Attached{b, state}};
   for (auto &kv : link->caches) {
     RemoteCache &rc = kv.second;
@@ -133,7 +133,7 @@ void AttachLater(Link *link, Backend *b, std::shared_ptr<PeerState> state, bool 
 }
 
 namespace {
-PeerState *ServedState(const Link &link) {
+PeerState *ServedState(const PeerLink &link) {
   Backend *served = Backends().back();
   for (const Attached &a : link.attached)
     if (a.backend == served) return a.state.get();
@@ -141,16 +141,16 @@ PeerState *ServedState(const Link &link) {
 }
 }  // namespace
 
-RequestChannels *ServedChannels(const Link &link) { return dynamic_cast<RequestChannels *>(ServedState(link)); }
+RequestChannels *ServedChannels(const PeerLink &link) { return dynamic_cast<RequestChannels *>(ServedState(link)); }
 
-std::shared_ptr<Path> ServedPath(Link *link, RemoteCache &rc) {
+std::shared_ptr<Path> ServedPath(PeerLink *link, RemoteCache &rc) {
   Backend *served = Backends().back();
   std::shared_ptr<Path> p = served->PathFor(link, ServedState(*link), rc);
   if (p) p->owner = served;
   return p;
 }
 
-std::string DescribePaths(const Link &link) {
+std::string DescribePaths(const PeerLink &link) {
   std::string out;
   for (const Attached &a : link.attached) {
     if (a.backend->path_mode() == PathMode::kServed) continue;
@@ -162,7 +162,7 @@ std::string DescribePaths(const Link &link) {
   return out;
 }
 
-bool OneSidedPeer(const Link &link) {
+bool OneSidedPeer(const PeerLink &link) {
   if (link.same_host) return true;
   for (const Attached &a : link.attached)
     if (a.backend->path_mode() != PathMode::kServed) return true;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "transport/backend.h"
+#include "transport/peer.h"
 
 namespace kvblocks {
 
@@ -20,16 +21,10 @@ const std::vector<Backend *> &Backends();
 // The backend named `name`, null when none is.
 Backend *FindBackend(const std::string &name);
 
-// A backend attached to one peer, with its state for that peer.
-struct Attached {
-  Backend *backend = nullptr;
-  std::shared_ptr<PeerState> state;
-};
-
 // The path to `rc` (of memory kind `remote`) from the first of `attached`, in their order, whose
 // capability is in `caps`, that serves (local, remote) and that gives one; null when none does.
 inline std::shared_ptr<Path> SelectPath(const std::vector<Attached> &attached, uint64_t caps, MemKind local,
-                                        MemKind remote, Link *link, RemoteCache &rc) {
+                                        MemKind remote, PeerLink *link, RemoteCache &rc) {
   for (const Attached &a : attached) {
     if ((caps & a.backend->capability()) == 0 || !a.backend->Serves(local, remote)) continue;
     std::shared_ptr<Path> p = a.backend->PathFor(link, a.state.get(), rc);
@@ -52,7 +47,7 @@ llm_datadist::Status CheckBackendOptions(const BackendOptions &o);
 uint64_t LocalExchangeCapabilities();
 // kvblocks.Transport=`transport` and the backends it selects attach at link time: false when none of
 // them Suits the link, with their names in *names ("a, b").
-bool TransportSuits(const Link &link, const std::string &transport, std::string *names);
+bool TransportSuits(const PeerLink &link, const std::string &transport, std::string *names);
 // The backends that exchange attach data after CONFIRM (ExchangesAttachData), in order of
 // preference; those in `caps` only when `caps` is given.
 std::vector<Backend *> AttachExchangers(uint64_t caps = ~uint64_t{0});
@@ -61,19 +56,19 @@ uint8_t BackendId(const Backend &b);
 // Attaches every backend both sides offered to the link (from link->same_process, the verified
 // in-process proof, and link->local, the kernel-verified local exchange) and gives each remote
 // cache its path. Backends that attach later (after CONFIRM) call AttachLater.
-void ChoosePaths(Link *link);
+void ChoosePaths(PeerLink *link);
 // `b` attached to the link after ChoosePaths with `state`: it takes every cache still on a served
 // path (every cache when `all`) that it reaches.
-void AttachLater(Link *link, Backend *b, std::shared_ptr<PeerState> state, bool all);
+void AttachLater(PeerLink *link, Backend *b, std::shared_ptr<PeerState> state, bool all);
 // The served backend's channel pool on the link; null only before ChoosePaths.
-RequestChannels *ServedChannels(const Link &link);
+RequestChannels *ServedChannels(const PeerLink &link);
 // The served path (the last backend's) to a cache learned after linking.
-std::shared_ptr<Path> ServedPath(Link *link, RemoteCache &rc);
+std::shared_ptr<Path> ServedPath(PeerLink *link, RemoteCache &rc);
 // The link's paths for link_path and the logs: the backends that reach some cache one-sidedly,
 // joined by '+' in order of preference; with none, the most preferred backend attached.
-std::string DescribePaths(const Link &link);
+std::string DescribePaths(const PeerLink &link);
 // Some backend lets the peer reach our memory without our serving it (one-sided).
-bool OneSidedPeer(const Link &link);
+bool OneSidedPeer(const PeerLink &link);
 // Forget `cache` in every backend (it is unregistered and peers stopped using it).
 void UnregisterEverywhere(LocalMemory *cache);
 // Every backend's descriptor of `cache` in `entry`.

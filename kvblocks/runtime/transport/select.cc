@@ -13,7 +13,7 @@
 
 #include "common/error.h"
 #include "common/util.h"
-#include "link/link.h"
+#include "transport/peer.h"
 #include "security/auth.h"
 #include "transport/beacon.h"
 #include "transport/local_peer.h"
@@ -57,7 +57,7 @@ void ReadBootId(uint8_t out[16]) {
 // polled as with `pidfd`. An engine of this process is looked up among this process's instances.
 class GuardedPath : public Path {
  public:
-  GuardedPath(std::shared_ptr<Path> inner, Link *link, bool pidfd)
+  GuardedPath(std::shared_ptr<Path> inner, PeerLink *link, bool pidfd)
       : inner_(std::move(inner)), link_(link), pidfd_(pidfd) {}
   const char *name() const override { return inner_->name(); }
   PathMode mode() const override { return inner_->mode(); }
@@ -78,7 +78,7 @@ class GuardedPath : public Path {
 
  private:
   std::shared_ptr<Path> inner_;
-  Link *link_;  // owns this path
+  PeerLink *link_;  // owns this path
   bool pidfd_;
 };
 
@@ -128,7 +128,7 @@ bool SameHostHint(const PeerIdentity &me, const PeerIdentity &peer) {
   return memcmp(me.boot_id, peer.boot_id, 16) == 0 && me.netns == peer.netns && me.netns != 0;
 }
 
-bool PeerAlive(const Link *link, bool pidfd) {
+bool PeerAlive(const PeerLink *link, bool pidfd) {
   if (!link->alive.load()) return false;
   if (link->same_process) return IsLocalInstance(link->peer.instance);
   if (!pidfd && link->local.beacon) return link->local.beacon->Alive();
@@ -154,7 +154,7 @@ void UnregisterInstance(uint64_t instance) {
   g_instances.erase(instance);
 }
 
-void VerifyPeer(Link *link) {
+void VerifyPeer(PeerLink *link) {
   // Only verified facts: the in-process proof (same_process, set by the caller) or a kernel-verified
   // pid from the local exchange. What the peer says about its identity plays no part.
   if (link->same_process && !IsLocalInstance(link->peer.instance)) link->same_process = false;
@@ -162,7 +162,7 @@ void VerifyPeer(Link *link) {
   link->local.TakeBeacon();
 }
 
-std::shared_ptr<Path> Guarded(std::shared_ptr<Path> p, Link *link, bool pidfd) {
+std::shared_ptr<Path> Guarded(std::shared_ptr<Path> p, PeerLink *link, bool pidfd) {
   return std::make_shared<GuardedPath>(std::move(p), link, pidfd);
 }
 

@@ -13,7 +13,7 @@
 
 namespace kvblocks {
 
-struct Link;
+struct PeerLink;
 
 // This process's identity for the handshake; `instance` and `probe` belong to the engine.
 void FillIdentity(uint64_t instance, const uint64_t *probe, PeerIdentity *id);
@@ -30,12 +30,12 @@ bool FromThisProcess(uint8_t role, const uint8_t *client_nonce, const uint8_t *s
 bool SameHostHint(const PeerIdentity &me, const PeerIdentity &peer);
 // Settles link->same_process (the proof, and the engine still here) and link->same_host (that, or
 // the local exchange's kernel-verified pid) before any backend attaches; maps the peer's beacon.
-void VerifyPeer(Link *link);
+void VerifyPeer(PeerLink *link);
 // The link is up and the peer still exists: its engine in this process; its process by its beacon
 // (without `pidfd`, when it sent one) or by polling its pidfd.
-bool PeerAlive(const Link *link, bool pidfd);
+bool PeerAlive(const PeerLink *link, bool pidfd);
 // `p`, checking the peer is alive before and after every copy (for paths that never involve it).
-std::shared_ptr<Path> Guarded(std::shared_ptr<Path> p, Link *link, bool pidfd);
+std::shared_ptr<Path> Guarded(std::shared_ptr<Path> p, PeerLink *link, bool pidfd);
 
 }  // namespace kvblocks
 

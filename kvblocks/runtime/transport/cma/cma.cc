@@ -3,7 +3,7 @@
 // the pid the kernel reported in the local exchange, once ptrace permission on it is proven.
 #include <sys/uio.h>
 
-#include "link/link.h"
+#include "transport/peer.h"
 #include "transport/backend.h"
 #include "transport/cma/cma_path.h"
 #include "transport/select.h"
@@ -27,13 +27,13 @@ class Cma : public Backend {
   uint64_t capability() const override { return 1 << 2; }  // its handshake bit (docs/protocol.md)
   const char *transport_option() const override { return "shm"; }
   bool NeedsLocalExchange() const override { return true; }
-  bool Suits(const Link &link) const override { return link.same_host; }
+  bool Suits(const PeerLink &link) const override { return link.same_host; }
   PathMode path_mode() const override { return PathMode::kLocalCopy; }
   bool Offered(const BackendOptions &o) const override { return o.transport == "auto" || o.transport == "shm"; }
-  bool Attach(Link *link, std::shared_ptr<PeerState> *) override {
+  bool Attach(PeerLink *link, std::shared_ptr<PeerState> *) override {
     return !link->same_process && link->local.pid > 0 && CanAttach(link->local.pid, link->peer);
   }
-  std::shared_ptr<Path> PathFor(Link *link, PeerState *, RemoteCache &rc) override {
+  std::shared_ptr<Path> PathFor(PeerLink *link, PeerState *, RemoteCache &rc) override {
     if (rc.addrs.empty()) return nullptr;
     return Guarded(MakeCmaPath(link->local.pid, rc.addrs), link, true);
   }

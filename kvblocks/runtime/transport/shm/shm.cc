@@ -2,7 +2,7 @@
 // Shared-memory backend: memcpy into a same-host peer's allocated cache (a memfd it sent over the
 // kernel-verified local exchange, transport/local_peer.h), mapped here.
 #include "transport/memory.h"
-#include "link/link.h"
+#include "transport/peer.h"
 #include "transport/backend.h"
 #include "transport/select.h"
 
@@ -17,7 +17,7 @@ class Shm : public Backend {
   const char *transport_option() const override { return "shm"; }
   bool NeedsLocalExchange() const override { return true; }
   // Transport=shm: a verified same-host peer, whichever same-host backend reaches it.
-  bool Suits(const Link &link) const override { return link.same_host; }
+  bool Suits(const PeerLink &link) const override { return link.same_host; }
   PathMode path_mode() const override { return PathMode::kLocalCopy; }
   bool Offered(const BackendOptions &o) const override { return o.transport == "auto" || o.transport == "shm"; }
   void Describe(const LocalMemory &e, TableEntry *t) const override {
@@ -25,10 +25,10 @@ class Shm : public Backend {
     t->has_memfd = true;
     t->memfd = MemfdDesc{e.region->fd, e.region->ino, e.region->dev, e.region->size, e.pitch};
   }
-  bool Attach(Link *link, std::shared_ptr<PeerState> *) override {
+  bool Attach(PeerLink *link, std::shared_ptr<PeerState> *) override {
     return !link->same_process && link->local.pid > 0;
   }
-  std::shared_ptr<Path> PathFor(Link *link, PeerState *, RemoteCache &rc) override {
+  std::shared_ptr<Path> PathFor(PeerLink *link, PeerState *, RemoteCache &rc) override {
     auto fd = link->local.memfds.find(rc.id);
     if (!rc.has_memfd || fd == link->local.memfds.end()) return nullptr;
     // Every tensor lies inside region_size (DecodeTable), and the received memfd is at least that

@@ -7,7 +7,7 @@
 
 #include "common/limits.h"
 #include "common/util.h"
-#include "link/link.h"
+#include "transport/peer.h"
 
 namespace kvblocks {
 
@@ -28,7 +28,7 @@ int TcpChannels::Acquire(int64_t deadline, Status *st) {
     if (link_->opener && held_ < kMaxRequesterChannels) {
       ++held_;
       g.unlock();
-      const int fd = link_->open_channel(ConnKind::kDataFwd, deadline, st);
+      const int fd = link_->OpenChannel(ConnKind::kDataFwd, deadline, st);
       g.lock();
       if (fd < 0) {
         --held_;

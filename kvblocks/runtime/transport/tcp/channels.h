@@ -17,7 +17,7 @@ namespace kvblocks {
 
 class TcpChannels : public RequestChannels, public std::enable_shared_from_this<TcpChannels> {
  public:
-  explicit TcpChannels(Link *link) : link_(link) {}
+  explicit TcpChannels(PeerLink *link) : link_(link) {}
   int Acquire(int64_t deadline, llm_datadist::Status *st) override;
   void Release(int fd, bool reusable) override;
   bool Reserve() override;
@@ -29,7 +29,7 @@ class TcpChannels : public RequestChannels, public std::enable_shared_from_this<
   void OnFail() override;
 
  private:
-  Link *const link_;  // owns this state
+  PeerLink *const link_;  // owns this state
   std::mutex mu_;     // guards the fields below
   std::condition_variable cv_;
   std::vector<int> idle_;  // channels not in use

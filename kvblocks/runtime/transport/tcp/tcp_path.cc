@@ -16,7 +16,7 @@
 #include "common/error.h"
 #include "common/limits.h"
 #include "common/util.h"
-#include "link/link.h"
+#include "transport/peer.h"
 #include "net/socket.h"
 #include "transport/checked.h"
 #include "transport/path.h"
@@ -125,7 +125,7 @@ struct Pending {
 
 class TcpPath : public Path {
  public:
-  TcpPath(Link *link, std::shared_ptr<RequestChannels> channels, int64_t cache_id)
+  TcpPath(PeerLink *link, std::shared_ptr<RequestChannels> channels, int64_t cache_id)
       : link_(link), channels_(std::move(channels)), cache_id_(cache_id) {}
   const char *name() const override { return "tcp"; }
   PathMode mode() const override { return PathMode::kServed; }
@@ -147,7 +147,7 @@ class TcpPath : public Path {
   Status WriteDoneChecked(int fd, const Plan &plan, const Piece &piece, const LocalMemory &local, uint64_t pairs,
                           int64_t deadline, bool *reusable);
   Status Mismatch(const Plan &plan, const Piece &piece, const LocalMemory &local, bool pull, uint64_t pair) const;
-  Link *link_;  // owns this path
+  PeerLink *link_;  // owns this path
   std::shared_ptr<RequestChannels> channels_;  // the link's pool (the served backend's state on it)
   int64_t cache_id_;
 };
@@ -470,7 +470,7 @@ void TcpPath::ExecutePipelined(PipeFeed *feed) {
 
 }  // namespace
 
-std::unique_ptr<Path> MakeTcpPath(Link *link, std::shared_ptr<RequestChannels> channels, int64_t remote_cache_id) {
+std::unique_ptr<Path> MakeTcpPath(PeerLink *link, std::shared_ptr<RequestChannels> channels, int64_t remote_cache_id) {
   return std::unique_ptr<Path>(new TcpPath(link, std::move(channels), remote_cache_id));
 }
 

@@ -12,7 +12,7 @@ namespace kvblocks {
 
 // Requests over the link's data channels (`channels`, the link's pool), served by the peer
 // (tcp/tcp_serve.cc).
-std::unique_ptr<Path> MakeTcpPath(Link *link, std::shared_ptr<RequestChannels> channels, int64_t remote_cache_id);
+std::unique_ptr<Path> MakeTcpPath(PeerLink *link, std::shared_ptr<RequestChannels> channels, int64_t remote_cache_id);
 
 }  // namespace kvblocks
 

@@ -9,7 +9,7 @@
 
 #include "common/limits.h"
 #include "common/util.h"
-#include "link/link.h"
+#include "transport/peer.h"
 #include "net/socket.h"
 #include "transport/checked.h"
 #include "transport/path.h"
@@ -105,7 +105,7 @@ bool ServeRead(int fd, const Request &req, bool crc) {
 
 // A checked write's data, then WRITE_DONE: success, or LLM_FAILED naming the first pair whose
 // CRC32C differed (what arrived stays written: the pusher's call fails).
-bool ServeWriteChecked(int fd, RecvBuffer &rb, const Request &req, const Link *link) {
+bool ServeWriteChecked(int fd, RecvBuffer &rb, const Request &req, const PeerLink *link) {
   const PairList pairs = Pairs(req);
   uint64_t bad = kNoMismatch;
   auto read = [&](iovec *v, size_t n) { return rb.ReadIov(v, n, req.deadline); };
@@ -123,7 +123,7 @@ bool ServeWriteChecked(int fd, RecvBuffer &rb, const Request &req, const Link *l
 }
 
 // `pad`: the zeros before inline data (wire/messages.h DataPad), skipped here.
-bool ServeWrite(int fd, RecvBuffer &rb, const Request &req, bool inline_data, size_t pad, bool crc, const Link *link) {
+bool ServeWrite(int fd, RecvBuffer &rb, const Request &req, bool inline_data, size_t pad, bool crc, const PeerLink *link) {
   uint8_t sink[kDataAlign];
   if (inline_data && pad > 0 && rb.Read(sink, pad, req.deadline) != IoResult::kOk) return false;
   if (!inline_data && SendFrame(fd, kWriteReady, LLM_SUCCESS, nullptr, 0, req.deadline) != IoResult::kOk)
@@ -155,7 +155,7 @@ bool RefuseWrite(int fd, RecvBuffer &rb, const XferRequest &q, bool inline_data,
 
 // Returns false when the connection must be closed.
 bool ServeRequest(int fd, RecvBuffer &rb, const FrameHeader &h, const std::string &payload,
-                  const LocalTable &caches, const Link *link) {
+                  const LocalTable &caches, const PeerLink *link) {
   Request req;
   Status st;
   bool decoded = false;
@@ -182,7 +182,7 @@ bool ServeRequest(int fd, RecvBuffer &rb, const FrameHeader &h, const std::strin
 
 }  // namespace
 
-void ServeChannel(int fd, Link *link, const LocalTable &caches) {
+void ServeChannel(int fd, PeerLink *link, const LocalTable &caches) {
   std::string payload;
   RecvBuffer rb(fd);  // pipelined requests arrive back to back: read them a buffer at a time
   for (;;) {

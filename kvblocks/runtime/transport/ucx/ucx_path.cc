@@ -22,7 +22,7 @@
 #include "common/error.h"
 #include "common/util.h"
 #include "kvblocks/ext_types.h"
-#include "link/link.h"
+#include "transport/peer.h"
 #include "transport/backend.h"
 #include "transport/backend_abi.h"
 #include "transport/path.h"
@@ -303,11 +303,11 @@ class UcxPeer : public PeerState, public std::enable_shared_from_this<UcxPeer> {
 
 namespace {
 
-int LinkUp(void *link) { return static_cast<Link *>(link)->alive.load() ? 1 : 0; }
+int LinkUp(void *link) { return static_cast<PeerLink *>(link)->alive.load() ? 1 : 0; }
 
 class UcxPath : public Path {
  public:
-  UcxPath(std::shared_ptr<UcxPeer> peer, Link *link, std::vector<kvb_rkey *> rkeys, const RemoteCache &rc,
+  UcxPath(std::shared_ptr<UcxPeer> peer, PeerLink *link, std::vector<kvb_rkey *> rkeys, const RemoteCache &rc,
           const UcxCacheKeys &keys)
       : peer_(std::move(peer)), link_(link), rkeys_(std::move(rkeys)), remote_(rc.addrs), key_of_(keys.key_of) {}
   ~UcxPath() override {
@@ -353,7 +353,7 @@ class UcxPath : public Path {
   }
 
   std::shared_ptr<UcxPeer> peer_;
-  Link *link_;  // owns this path
+  PeerLink *link_;  // owns this path
   std::vector<kvb_rkey *> rkeys_;
   std::vector<uint64_t> remote_;
   std::vector<uint32_t> key_of_;
@@ -373,6 +373,10 @@ std::vector<kvb_rkey *> Unpack(kvb_ep *ep, const UcxCacheKeys &keys) {
   return out;
 }
 
+// OPTION_UCX_TRUSTED_NETWORK=1: one-sided RMA over the network allowed (CheckOptions refuses any
+// value but 0 and 1).
+bool TrustedNetwork(const BackendOptions &o) { return o.Get(OPTION_UCX_TRUSTED_NETWORK) == "1"; }
+
 // Attaches after CONFIRM, from the peer's UCX_INFO (AttachAfterConfirm), never at ChoosePaths.
 class Ucx : public Backend {
  public:
@@ -383,13 +387,13 @@ class Ucx : public Backend {
   // auto offers UCX (for peers on other hosts) only on a trusted network, without integrity checks
   // (one-sided RMA is never checked) and when the plugin loads; loading it is its first use.
   bool Offered(const BackendOptions &o) const override {
-    return o.transport == "ucx" || (o.transport == "auto" && o.trusted_network && !o.integrity && UcxAvailable());
+    return o.transport == "ucx" || (o.transport == "auto" && TrustedNetwork(o) && !o.integrity && UcxAvailable());
   }
   bool Available(std::string *why) const override { return UcxAvailable(why); }
   Status CheckOptions(const BackendOptions &o) const override;
   void Unregister(LocalMemory *cache) override { Forget(cache); }
-  bool Attach(Link *, std::shared_ptr<PeerState> *) override { return false; }
-  std::shared_ptr<Path> PathFor(Link *link, PeerState *state, RemoteCache &rc) override {
+  bool Attach(PeerLink *, std::shared_ptr<PeerState> *) override { return false; }
+  std::shared_ptr<Path> PathFor(PeerLink *link, PeerState *state, RemoteCache &rc) override {
     auto *peer = static_cast<UcxPeer *>(state);
     const UcxCacheKeys *keys = peer == nullptr ? nullptr : peer->KeysOf(rc.id);
     if (keys == nullptr) return nullptr;
@@ -401,28 +405,32 @@ class Ucx : public Backend {
   bool ExchangesAttachData() const override { return true; }
   std::shared_ptr<EngineState> NewEngineState() const override { return std::make_shared<UcxEngine>(); }
   std::string AttachData(const AttachEnv &env, const std::vector<TableEntry> &shown, bool refuse) override;
-  bool TakeAttachData(const Link &link, const std::string &data, std::shared_ptr<PeerState> *learned) override;
-  bool AttachAfterConfirm(const AttachEnv &env, Link *link, std::shared_ptr<PeerState> learned, bool required,
+  bool TakeAttachData(const PeerLink &link, const std::string &data, std::shared_ptr<PeerState> *learned) override;
+  bool AttachAfterConfirm(const AttachEnv &env, PeerLink *link, std::shared_ptr<PeerState> learned, bool required,
                           std::string *why) override;
 };
 
 // The worker itself starts with the first UCX link, bound to that link's interface. The checks run
 // in this order (the first refusal is the one reported).
 Status Ucx::CheckOptions(const BackendOptions &o) const {
+  // One-sided RMA over the network serves any address to anyone reaching it (README, threat model).
+  const std::string trusted = o.Get(OPTION_UCX_TRUSTED_NETWORK, "0");
+  if (trusted != "0" && trusted != "1")
+    return Fail(LLM_PARAM_INVALID, "option %s=\"%s\": use 0 or 1", OPTION_UCX_TRUSTED_NETWORK, trusted.c_str());
   const bool selected = o.transport == "ucx";
   // UCX moves bytes one-sided (RMA): no peer reads the source, so nothing could compute the CRC.
   if (o.integrity && selected)
     return Fail(LLM_PARAM_INVALID, "option %s=crc32c needs a served path: use %s=tcp or auto (UCX's one-sided RMA "
                 "is never checked)", OPTION_INTEGRITY, OPTION_TRANSPORT);
   std::string why;
-  if (selected && !o.trusted_network)
+  if (selected && !TrustedNetwork(o))
     return Fail(LLM_PARAM_INVALID,
                 "option %s=ucx needs %s=1: UCX's software RMA lets any host that reaches the worker read and "
                 "write this whole process; use it only on a network you trust",
                 OPTION_TRANSPORT, OPTION_UCX_TRUSTED_NETWORK);
   if (selected && !Available(&why)) return Fail(LLM_PARAM_INVALID, "option %s=ucx: %s", OPTION_TRANSPORT, why.c_str());
   // UCX's own transports would carry the blocks in clear.
-  if (o.encryption == "tls" && (selected || o.trusted_network))
+  if (o.encryption == "tls" && (selected || TrustedNetwork(o)))
     return Fail(LLM_PARAM_INVALID, "option %s=tls cannot be used with UCX (%s=ucx or %s=1): UCX would carry the "
                 "blocks unencrypted", OPTION_ENCRYPTION, OPTION_TRANSPORT, OPTION_UCX_TRUSTED_NETWORK);
   return LLM_SUCCESS;
@@ -449,7 +457,7 @@ std::string Ucx::AttachData(const AttachEnv &env, const std::vector<TableEntry> 
 
 // The whole message is refused (nothing taken) when it is malformed, or names a cache the link-time
 // table lacks, one without addresses, or with another tensor count.
-bool Ucx::TakeAttachData(const Link &link, const std::string &data, std::shared_ptr<PeerState> *learned) {
+bool Ucx::TakeAttachData(const PeerLink &link, const std::string &data, std::shared_ptr<PeerState> *learned) {
   UcxInfo info;
   if (!Decode(data, &info)) return false;
   for (const UcxCacheKeys &k : info.caches) {
@@ -467,7 +475,7 @@ bool Ucx::TakeAttachData(const Link &link, const std::string &data, std::shared_
 
 // Transport=ucx: every cache the peer announced over UCX, and the link fails without it; auto: peers
 // on other hosts, the caches still on a served path.
-bool Ucx::AttachAfterConfirm(const AttachEnv &env, Link *link, std::shared_ptr<PeerState> learned, bool required,
+bool Ucx::AttachAfterConfirm(const AttachEnv &env, PeerLink *link, std::shared_ptr<PeerState> learned, bool required,
                              std::string *why) {
   if (!required && ((link->capabilities & kCapUcx) == 0 || link->same_host)) return true;
   auto *engine = static_cast<UcxEngine *>(env.engine.get());
