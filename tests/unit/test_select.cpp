@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "link/link.h"
+#include "transport/peer.h"
 #include "transport/registry.h"
 #include "unit.h"
 
@@ -39,8 +39,8 @@ class StandIn : public Backend {
   }
   const char *transport_option() const override { return name_; }
   bool Offered(const BackendOptions &) const override { return true; }
-  bool Attach(Link *, std::shared_ptr<PeerState> *) override { return true; }
-  std::shared_ptr<Path> PathFor(Link *, PeerState *, RemoteCache &rc) override {
+  bool Attach(PeerLink *, std::shared_ptr<PeerState> *) override { return true; }
+  std::shared_ptr<Path> PathFor(PeerLink *, PeerState *, RemoteCache &rc) override {
     ++asked;
     return rc.id % reaches_every == 0 ? std::make_shared<StandInPath>(name_, mode_) : nullptr;
   }

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "transport/peer.h"
 #include "security/crc32c.h"
+#include "transport/peer.h"
 #include "wire/codec.h"
 
 namespace kvblocks {

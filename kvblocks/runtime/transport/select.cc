@@ -13,11 +13,11 @@
 
 #include "common/error.h"
 #include "common/util.h"
-#include "transport/peer.h"
 #include "security/auth.h"
 #include "transport/beacon.h"
 #include "transport/local_peer.h"
 #include "transport/path.h"
+#include "transport/peer.h"
 
 namespace kvblocks {
 

@@ -3,9 +3,9 @@
 // the pid the kernel reported in the local exchange, once ptrace permission on it is proven.
 #include <sys/uio.h>
 
-#include "transport/peer.h"
 #include "transport/backend.h"
 #include "transport/cma/cma_path.h"
+#include "transport/peer.h"
 #include "transport/select.h"
 
 namespace kvblocks {

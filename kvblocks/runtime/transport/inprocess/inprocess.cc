@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // In-process backend: memcpy between two engines of this process. Attaches only to a peer that
 // proved it is an engine of this very process (the HMAC over the LINK_INFO bytes, transport/select.h).
-#include "transport/peer.h"
 #include "transport/backend.h"
+#include "transport/peer.h"
 #include "transport/select.h"
 
 namespace kvblocks {

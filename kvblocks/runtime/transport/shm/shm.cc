@@ -2,8 +2,8 @@
 // Shared-memory backend: memcpy into a same-host peer's allocated cache (a memfd it sent over the
 // kernel-verified local exchange, transport/local_peer.h), mapped here.
 #include "transport/memory.h"
-#include "transport/peer.h"
 #include "transport/backend.h"
+#include "transport/peer.h"
 #include "transport/select.h"
 
 namespace kvblocks {

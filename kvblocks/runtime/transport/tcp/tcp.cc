@@ -2,8 +2,8 @@
 // TCP backend: requests over the link's data channels, served by the peer from its own table
 // (tcp/tcp_serve.cc). Every peer offers it: the fallback of every selection. Its state on a link is
 // the pool of those channels (tcp/channels.h).
-#include "transport/peer.h"
 #include "transport/backend.h"
+#include "transport/peer.h"
 #include "transport/tcp/channels.h"
 #include "transport/tcp/tcp_path.h"
 

@@ -16,10 +16,10 @@
 #include "common/error.h"
 #include "common/limits.h"
 #include "common/util.h"
-#include "transport/peer.h"
 #include "net/socket.h"
 #include "transport/checked.h"
 #include "transport/path.h"
+#include "transport/peer.h"
 #include "transport/tcp/tcp_path.h"
 
 namespace kvblocks {

@@ -9,10 +9,10 @@
 
 #include "common/limits.h"
 #include "common/util.h"
-#include "transport/peer.h"
 #include "net/socket.h"
 #include "transport/checked.h"
 #include "transport/path.h"
+#include "transport/peer.h"
 
 namespace kvblocks {
 
