@@ -243,11 +243,11 @@ def log_count(e, text):
 
 
 def kvblocks_lines(e, start=0, n=40):
-    """The last ``n`` KvblocksConnector lines of ``e``'s log after byte ``start`` (and where the log
-    is): a failed pull's cause goes in the assertion message, the log itself may be gone after CI."""
+    """The last ``n`` kvblocks lines of ``e``'s log after byte ``start`` (and where the log is): a
+    failed pull's cause goes in the assertion message, the log itself may be gone after CI."""
     with open(e.log_path, errors="replace") as f:
         f.seek(start)
-        lines = [x for x in f if "KvblocksConnector" in x or "Error" in x]
+        lines = [x for x in f if "KvblocksConnector" in x or "[kvblocks" in x or "Error" in x]
     return f"{e.name} log {e.log_path}:\n" + "".join(lines[-n:])
 
 
@@ -290,5 +290,7 @@ def test_same_tokens_as_one_engine_and_swapped_ranks_change_them(engines, direct
     wait_until(lambda: p.generate([[1, 2, 3]], 1) and len(freed(p, rids)) == len(rids), 60, step=1)
     held = freed(p, rids)
     RESULTS[direction]["held_s_max"] = round(max(held.values(), default=-1), 1)
-    assert len(held) == len(rids) and max(held.values()) < LEASE_S / 2, held
+    assert len(held) == len(rids) and max(held.values()) < LEASE_S / 2, (
+        f"blocks held {held}: freed by the lease, not the decode's done; {RESULTS[direction]}\n"
+        + kvblocks_lines(d, offsets[d.name]) + kvblocks_lines(p, offsets[p.name]))
     assert log_count(p, "KvblocksConnector: refused") == refused, "a decode rank's notice was refused"
