@@ -31,6 +31,34 @@ def make_model(path: str) -> str:
     return path
 
 
+def group_cpu(pgid: int) -> Dict[str, float]:
+    """CPU seconds (user + system, with their reaped children's) of process group ``pgid`` now: "group"
+    over all its processes, "leader" of ``pgid`` itself (a parent that waits for the leader counts that
+    part again). For the suite's CPU accounting (``KVB_ENGINE_CPU_FILE``)."""
+    tck = os.sysconf("SC_CLK_TCK")
+    group = leader = 0.0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[2]) != pgid:  # field 5: pgrp
+            continue
+        cpu = sum(int(x) for x in fields[11:15]) / tck  # fields 14-17: utime stime cutime cstime
+        group += cpu
+        leader += cpu if int(pid) == pgid else 0.0
+    return {"group": round(group, 1), "leader": round(leader, 1)}
+
+
+def record_cpu(name: str, pgid: int, **extra: Any) -> None:
+    """Appends ``name``'s group CPU (and ``extra``) to the file ``KVB_ENGINE_CPU_FILE`` names, if any."""
+    path = os.environ.get("KVB_ENGINE_CPU_FILE")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(dict(name=name, cpu_s=group_cpu(pgid), **extra)) + "\n")
+
+
 class EngineExited(RuntimeError):
     """The engine process is gone (or going): its log's tail says why."""
 
@@ -55,6 +83,8 @@ class Engine:
                                      stdout=subprocess.PIPE, stderr=self._log, env=e, text=True, bufsize=1,
                                      start_new_session=True)
         self._ready = False
+        self._t0 = time.monotonic()
+        self._start: Dict[str, Any] = {}
 
     def _readline(self, timeout: float) -> Dict[str, Any]:
         sel = selectors.DefaultSelector()
@@ -70,6 +100,8 @@ class Engine:
         if not self._ready:
             assert self._readline(timeout).get("ready")
             self._ready = True
+            self._start = {"start_wall_s": round(time.monotonic() - self._t0, 1),
+                           "start_cpu_s": group_cpu(self.proc.pid)}
         return self
 
     def generate(self, prompts: List[List[int]], max_tokens: int, params: Optional[List[Any]] = None,
@@ -141,6 +173,7 @@ class Engine:
 
     def close(self) -> None:
         if self.proc.poll() is None:
+            record_cpu(self.name, self.proc.pid, wall_s=round(time.monotonic() - self._t0, 1), **self._start)
             try:
                 self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
                 self.proc.stdin.flush()
@@ -167,6 +200,22 @@ def kvblocks_config(role: str, port: int = 0, **extra: Any) -> Dict[str, Any]:
     else:
         cfg["kv_load_failure_policy"] = "recompute"
     return cfg
+
+
+LEASE_S = 100  # kv_both's abort_timeout_s: a request freed sooner was freed by its decode ranks' notices
+
+
+def kv_both(port, **extra):
+    """A kv_both KvblocksConnector config (timed) listening on ``port`` (+ rank with TP)."""
+    return {"kv_connector": "TimedKvblocksConnector", "kv_connector_module_path": "timed_connectors",
+            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": dict(listen=f"127.0.0.1:{port}", abort_timeout_s=LEASE_S,
+                                              # generous deadlines: on a loaded 2-core host a TP worker's
+                                              # kvblocks threads wait seconds for a CPU (a missed one
+                                              # recomputes, and the tokens would prove nothing)
+                                              pull_timeout_ms=30000, link_timeout_ms=20000,
+                                              _test_swap_ranks="per_request", _test_reverse_blocks="per_request",
+                                              _test_rotate_heads="per_request", **extra)}
 
 
 def nixl_config(role: str) -> Dict[str, Any]:

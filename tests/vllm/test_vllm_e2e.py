@@ -58,7 +58,8 @@ PUSH_NEG = prompts(13, [100, 150])                      # layer-wise push into r
 N_TTFT = 8
 TTFT_PULL = prompts(11, [300] * N_TTFT)                 # time to first token, pull vs push: same lengths,
 TTFT_PUSH = prompts(12, [300] * N_TTFT)                 # fresh prompts (no prefix hit on either engine)
-ALL = EQUAL + LONGER + NEGATIVE + FROZEN + RELINK + KILLED + BENCH + BENCH_TCP + BENCH_NIXL + PUSH + PUSH_NEG
+# the prompts whose tokens are compared with one engine's (the timed ones are not: no reference for them)
+ALL = EQUAL + LONGER + NEGATIVE + FROZEN + RELINK + KILLED + PUSH + PUSH_NEG
 PREFILL_ID, DECODE_ID = "kvb-prefill-0", "kvb-decode-0"  # engine ids: a push's params name both
 
 RESULTS = {}  # printed at the end of the module
@@ -91,7 +92,7 @@ def kvb_pair(workdir):
 
 @pytest.fixture(scope="module")
 def reference(kvb_pair):
-    """Greedy tokens of one engine alone (no hand-off) for every prompt used here: the prefill's, which
+    """Greedy tokens of one engine alone (no hand-off) for every prompt compared here: the prefill's, which
     later prefills them, so the decode has no local prefix hit for them (a third, plain engine would
     cost a start-up)."""
     p, _ = kvb_pair

@@ -23,7 +23,7 @@ except Exception as e:  # noqa: BLE001
     pytest.skip(f"vLLM is not importable ({type(e).__name__}: {e})", allow_module_level=True)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import make_model  # noqa: E402
+from harness import make_model, record_cpu  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "README.md")
@@ -103,6 +103,8 @@ def _count(lines):
 
 
 def stop(proc):
+    if proc.poll() is None:
+        record_cpu(f"readme-server-{proc.pid}", proc.pid)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
