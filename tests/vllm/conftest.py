@@ -13,13 +13,19 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Engine, free_port, kv_both, make_model  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 
 @pytest.fixture(scope="session")
 def shared_bs32(tmp_path_factory):
     """The shared engine, started (not waited for: a user starts its own engines first, then calls
     ``wait_ready``, so they start at once). ``.sent`` is its KVB_SEND_FILE."""
+    # Imported here, not at collection: every run collects this file, and a tests/vllm first on
+    # sys.path made `from conftest import ...` in tests/ find this conftest instead of tests/conftest.py.
+    if HERE not in sys.path:
+        sys.path.append(HERE)
+    from harness import Engine, free_port, kv_both, make_model
+
     d = tmp_path_factory.mktemp("vllm-shared")
     model = make_model(str(d / "model"))
     e = Engine("shared-bs32", model, kv_both(free_port()), 0, log_dir=str(d), prefix_caching=False,
