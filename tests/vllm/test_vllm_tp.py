@@ -196,7 +196,7 @@ def test_worker_decode_tp2_ranks_pull_their_head_and_the_prefill_frees_after_bot
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory, shared_bs32):
     """(reference tokens by prompt of the TP=1 and of the TP=2 engine alone, TP=2 engine, TP=1 engine).
-    The TP=1 engine is the suite's shared one (conftest.py: the same kv_both config, prefix caching off)."""
+    The TP=1 engine is the suite's shared one (tests/conftest.py: the same kv_both config, prefix caching off)."""
     d = tmp_path_factory.mktemp("vllm-tp")
     t0 = time.monotonic()
     model = make_model(str(d / "model"))
