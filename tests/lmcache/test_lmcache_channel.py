@@ -48,7 +48,7 @@ class PeerProc:
         self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "channel_peer.py"), self.url,
                                       str(PEER_SIZE), str(ALIGN), token, transport],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-                                     start_new_session=True)
+                                     process_group=0)
         self.ready = self.line(120)
 
     def line(self, timeout: float) -> dict:

@@ -85,7 +85,7 @@ class Proc:
         self._log = open(self.log_path, "w")
         e = dict(os.environ)
         e.update(env or {})
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=e, start_new_session=True)
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=e, process_group=0)
 
     def tail(self, n=40):
         with open(self.log_path) as f:

@@ -64,7 +64,10 @@ class EngineExited(RuntimeError):
 
 
 class Engine:
-    """One engine process (its own session, so it can be frozen or killed with all its children)."""
+    """One engine process (its own process group, so it can be frozen or killed with all its children).
+    Not its own session: with autogroup scheduling each session is a CPU group, and this machine's
+    kernel (6.18) starved a whole engine pinned to CPU 0 for 70-100 s behind another engine's group
+    whose worker spun on sched_yield ("BUG: workqueue lockup ... stuck for 99s" in dmesg)."""
 
     def __init__(self, name: str, model_dir: str, kv_transfer: Optional[Dict[str, Any]], cpu: int,
                  env: Optional[Dict[str, str]] = None, log_dir: Optional[str] = None, prefix_caching: bool = True,
@@ -81,7 +84,7 @@ class Engine:
                "block_size": block_size, "tp": tp}
         self.proc = subprocess.Popen([sys.executable, ENGINE, model_dir, json.dumps(cfg)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, env=e, text=True, bufsize=1,
-                                     start_new_session=True)
+                                     process_group=0)
         self._ready = False
         self._t0 = time.monotonic()
         self._start: Dict[str, Any] = {}

@@ -62,7 +62,7 @@ def test_readme_serve_and_client_commands_work_verbatim(tmp_path):
         for i, cmd in enumerate(commands(serve)):
             log = open(tmp_path / f"server{i}.log", "w")
             servers.append((subprocess.Popen(["bash", "-c", cmd], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True, cwd=str(tmp_path)), tmp_path / f"server{i}.log"))
+                                             process_group=0, cwd=str(tmp_path)), tmp_path / f"server{i}.log"))
         ports = [int(re.search(r"--port (\d+)", c).group(1)) for c in commands(serve)]
         deadline = time.monotonic() + START_S
         while not all(healthy(p) for p in ports):
