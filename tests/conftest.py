@@ -9,6 +9,11 @@ import pytest
 import kvblocks as kb
 from ports import free_port  # noqa: F401  (tests import it from here)
 
+# What the timing margins of the deadline tests (the time a call may take to return once its deadline
+# passed) are multiplied by. The sanitizer part of .ci/run sets 3: ASan and UBSan make the runtime's
+# unwinding 2-3x slower. The deadlines themselves are never scaled.
+TIME_SCALE = float(os.environ.get("KVB_TEST_TIME_SCALE", "1"))
+
 
 def mix_engine(cid: int, port=None, **opts) -> kb.LlmDataDist:
     """An initialized MIX engine, listening on 127.0.0.1:``port`` when given; ``opts`` are more options."""

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 import kvblocks as kb
-from conftest import cluster, free_port
+from conftest import TIME_SCALE, cluster, free_port
 from peer import pattern
 from procs import Peer, read_process_memory, release, wait_stopped
 
 TENSORS, BLOCKS, BB = 4, 64, 64
 WAIT_MS = 400
-MARGIN_S = 0.2
+MARGIN_S = 0.2 * TIME_SCALE
 
 
 def _engine(cluster_id, transport="auto", wait_ms=1000, listen_port=None):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import kvblocks as kb
-from conftest import cluster, free_port
+from conftest import TIME_SCALE, cluster, free_port
 from peer import pattern
 from backends import Scheduler
 from procs import Peer, PeerError, read_process_memory, release, wait_stopped
@@ -19,7 +19,7 @@ from procs import Peer, PeerError, read_process_memory, release, wait_stopped
 # 32 tensors x 64 blocks x 64 KiB = 128 MiB per call: far more than the socket buffers hold.
 TENSORS, BLOCKS, BB = 32, 64, 64 * 1024
 WAIT_MS = 400
-MARGIN_S = 0.1
+MARGIN_S = 0.1 * TIME_SCALE
 
 
 def _local(transport="tcp", wait_ms=WAIT_MS):

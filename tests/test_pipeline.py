@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 import kvblocks as kb
-from conftest import cluster, free_port
+from conftest import TIME_SCALE, cluster, free_port
 from peer import pattern
 from procs import Peer, read_process_memory, release, wait_dead, wait_stopped
 
 TENSORS, BLOCKS, BB = 2, 128, 64
 WAIT_MS = 500
-MARGIN_S = 0.3
+MARGIN_S = 0.3 * TIME_SCALE
 SENTINEL = 0xA5
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kvblocks as kb
-from conftest import cluster, free_port
+from conftest import TIME_SCALE, cluster, free_port
 from peer import pattern
 from procs import Peer, read_process_memory, release
 from test_failures import _call_frozen_peer, _digest, _remote_digest, _start, relink_and_pull
@@ -132,7 +132,7 @@ def test_four_threads_pull_and_push_at_once(linked):
 
 # ------------------------------------------------------------------ deadlines and failures
 FT, FB, FBB = 32, 64, 64 * 1024  # 128 MiB per call, as test_failures
-WAIT_MS, MARGIN_S = 400, 0.1
+WAIT_MS, MARGIN_S = 400, 0.1 * TIME_SCALE
 
 
 @pytest.fixture
