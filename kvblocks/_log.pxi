@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # The runtime's log lines into logging.getLogger("kvblocks") (include/kvblocks/log.h, log_queue.h).
 # Runtime threads push into a bounded C++ queue and return at once (they never take the GIL); a
-# daemon thread waits on the queue with the GIL released and logs each record, and the calls that
-# log on the caller's thread (initialize, set_role, link_llm_clusters) drain it before returning,
-# so their records come first, in order.
+# daemon thread waits on the queue with the GIL released, then drains it holding the GIL, and the
+# calls that log on the caller's thread (initialize, set_role, link_llm_clusters) drain it before
+# returning, so their records come first, in order. Records leave the queue only under the GIL: the
+# exit drain (atexit) logs whatever no thread logged yet.
 import atexit as _atexit
 import logging as _logging
 import os as _os
@@ -29,21 +30,19 @@ cdef int _drain_logs() except -1:
     """Logs every record waiting now, without blocking."""
     cdef int level = 0
     cdef c_string msg
-    while _log_queue.Pop(0, &level, &msg):
+    while _log_queue.Pop(&level, &msg):
         _log_record(level, msg)
     return 0
 
 
 def _log_pump():
-    cdef int level = 0
-    cdef c_string msg
     cdef c_bool got
     while True:
         with nogil:
-            got = _log_queue.Pop(1000, &level, &msg)
+            got = _log_queue.Wait(1000)
         if got:
             try:
-                _log_record(level, msg)
+                _drain_logs()
             except Exception:  # a broken handler must not stop the pump
                 pass
 

@@ -36,12 +36,19 @@ class LogQueue {
     q->cv_.notify_one();
   }
 
-  // The oldest record, waiting up to `wait_ms` (0: not at all); false when none came. A count of
-  // dropped records comes first, once per flood, as a warning (level 1).
-  bool Pop(int64_t wait_ms, int *level, std::string *message) noexcept {
+  // Waits up to `wait_ms` for a record (or a count of dropped ones); true when one waits. It takes
+  // nothing: records leave the queue only through Pop, called with the GIL held, so a record is never
+  // in the hands of a thread that the interpreter's exit freezes before it logs it (the exit drain
+  // would miss it: a pump that popped and then waited for the GIL lost the line under load).
+  bool Wait(int64_t wait_ms) noexcept {
     std::unique_lock<std::mutex> g(mu_);
-    if (wait_ms > 0 && records_.empty() && dropped_ == 0)
-      cv_.wait_for(g, std::chrono::milliseconds(wait_ms), [this] { return !records_.empty() || dropped_ != 0; });
+    return cv_.wait_for(g, std::chrono::milliseconds(wait_ms), [this] { return !records_.empty() || dropped_ != 0; });
+  }
+
+  // The oldest record, at once; false when none waits. A count of dropped records comes first, once
+  // per flood, as a warning (level 1).
+  bool Pop(int *level, std::string *message) noexcept {
+    std::lock_guard<std::mutex> g(mu_);
     if (dropped_ != 0) {
       *level = 1;
       *message = std::to_string(dropped_) + " kvblocks log records were dropped: more than " +

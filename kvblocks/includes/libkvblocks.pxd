@@ -289,5 +289,6 @@ cdef extern from "log_queue.h" namespace "kvblocks" nogil:
         LogQueue()
         @staticmethod
         void Push(void* self, int level, const char* message) noexcept
-        c_bool Pop(int64_t wait_ms, int* level, c_string* message) noexcept
+        c_bool Wait(int64_t wait_ms) noexcept
+        c_bool Pop(int* level, c_string* message) noexcept
         void ResetAfterFork() noexcept
