@@ -15,7 +15,10 @@
 #   ci_pip ARGS...           pip ARGS in the active venv, run by uv when ci_get_uv got it, else by pip
 #   ci_install SPEC EXTRAS   ci_pip install kvblocks[EXTRAS]: the run's wheel ($KVBLOCKS_WHEEL) when set,
 #                            else built from this checkout; SPEC: more requirements (may be empty)
-#   ci_wheel                 builds the run's wheel once into $CI_DIST (a part: runs in a subshell)
+#   ci_wheel                 builds the run's wheel once into $CI_DIST (a part: runs in a subshell); marks
+#                            build/ci-wheel.ready or build/ci-wheel.failed when done
+#   ci_wait_wheel            in a part started before the wheel part ended: waits for that mark, then
+#                            ci_use_wheel; fails when the wheel failed
 #   ci_use_wheel             exports KVBLOCKS_WHEEL, the wheel ci_wheel built
 #   ci_pytest NAME [RULE...] -- ARGS...
 #                            pytest ARGS from / (so the venv's installed kvblocks is imported, not the
@@ -30,6 +33,7 @@ CI_DIST=${CI_DIST:-$CI_ROOT/build/ci-dist}
 CI_TIMES=${CI_TIMES:-$CI_ROOT/build/ci-times.tsv}
 CI_LOADS=${CI_LOADS:-$CI_ROOT/build/ci-loads.txt}
 CI_SHARES=${CI_SHARES:-$CI_ROOT/build/ci-shares.txt}
+CI_WHEEL_MARK=$CI_ROOT/build/ci-wheel
 CI_FAILED=${CI_FAILED:-}
 
 ci_log() { echo "ci: $*" >&2; }
@@ -42,6 +46,7 @@ ci_begin() {
   : > "$CI_TIMES"
   : > "$CI_LOADS"
   : > "$CI_SHARES"
+  rm -f "$CI_WHEEL_MARK.ready" "$CI_WHEEL_MARK.failed"
   # The machine may be shared. Every 5 s: the 1-minute load, and the share of a core a thread of this
   # priority gets (.ci/cpu_share.py); the table gives each part's mean load and an idle estimate.
   (while :; do echo "$(date +%s) $(cut -d' ' -f1 /proc/loadavg)" >> "$CI_LOADS"; sleep 5; done) &
@@ -165,10 +170,18 @@ ci_pip() {  # pip ARGS... into the active venv, by uv when there is one
 ci_wheel() {
   rm -rf "$CI_DIST"
   # In-tree build: it reuses build/ from the README part's install, so this is packaging only.
-  python3 -m pip wheel -q --no-deps -w "$CI_DIST" "$CI_ROOT" || return 1
-  KVBLOCKS_WHEEL=$(ls "$CI_DIST"/kvblocks-*.whl) || return 1
+  if ! python3 -m pip wheel -q --no-deps -w "$CI_DIST" "$CI_ROOT" || ! KVBLOCKS_WHEEL=$(ls "$CI_DIST"/kvblocks-*.whl); then
+    touch "$CI_WHEEL_MARK.failed"
+    return 1
+  fi
   export KVBLOCKS_WHEEL
   ci_log "wheel: $KVBLOCKS_WHEEL ($(du -k "$KVBLOCKS_WHEEL" | cut -f1) KiB)"
+  touch "$CI_WHEEL_MARK.ready"
+}
+
+ci_wait_wheel() {
+  while [ ! -e "$CI_WHEEL_MARK.ready" ] && [ ! -e "$CI_WHEEL_MARK.failed" ]; do sleep 2; done
+  [ -e "$CI_WHEEL_MARK.ready" ] && ci_use_wheel
 }
 
 ci_use_wheel() {

@@ -6,7 +6,9 @@
 # Exits non-zero on failure, including when pytest collects no test (exit 5) or skips them all.
 # Env: VENV (default .venv-vllm-ci at the checkout root), KEEP_VENV=1 to reuse an existing one,
 # KVBLOCKS_WHEEL (set by .ci/run: the run's wheel; else kvblocks is built from this checkout).
-# INSTALL_ONLY=1 to stop after the install (.ci/lmcache.sh builds on this venv); TESTS_ONLY=1 to install
+# DEPS_ONLY=1 to make the venv with kvblocks' dependencies only (.ci/run, before its wheel exists; then
+# KEEP_VENV=1 for the rest); INSTALL_ONLY=1 to stop after the install (.ci/lmcache.sh builds on this venv);
+# TESTS_ONLY=1 to install
 # nothing and only run the tests (.ci/run runs them beside the LMCache tests: no install may touch the venv then).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +21,14 @@ t0=$(date +%s)
 if [ "${TESTS_ONLY:-0}" = 1 ]; then  # the venv as .ci/run's serving part made it: nothing installed now
   # shellcheck disable=SC1091
   . "$VENV/bin/activate" || exit 1
+elif [ "${DEPS_ONLY:-0}" = 1 ]; then  # a fresh venv with kvblocks' dependencies, not kvblocks (no wheel yet)
+  ci_venv "$VENV" || exit 1
+  ci_have_uv || exit 0  # pip installs no project's dependencies alone: the full install does it all later
+  ci_pip install -q -r pyproject.toml --extra vllm --extra test || exit 1
+  ci_pip install -q transformers safetensors || exit 1
+  ci_pip install -q nixl==1.5.1 >/dev/null 2>&1 || true
+  echo "ci/vllm: dependencies took $(($(date +%s) - t0)) s"
+  exit 0
 else
   ci_venv "$VENV" || exit 1
   ci_install "" vllm,test || { echo "ci/vllm: installing kvblocks[vllm,test] failed" >&2; exit 1; }
