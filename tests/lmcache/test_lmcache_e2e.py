@@ -190,8 +190,10 @@ def stack(tmp_path_factory):
         for i in (1, 2):
             assert wait_until(lambda: (p2p_peers(servers[i]["http"]) or 0) >= 1, 60, 0.5), \
                 f"server {i} found no P2P peer:\n{procs[f'server{i}'].tail()}"
-        engines["A"] = Engine("lmc-A", model, engine_cfg(servers[1]["mq"]), cpu=0, log_dir=str(d))
-        engines["B"] = Engine("lmc-B", model, engine_cfg(servers[2]["mq"]), cpu=1, log_dir=str(d))
+        # Three processes each, as vLLM runs by default: in one, the worker's start-up (CPU kernel
+        # overrides) fails on an object the LMCache connector's imports bring in.
+        engines["A"] = Engine("lmc-A", model, engine_cfg(servers[1]["mq"]), cpu=0, log_dir=str(d), one_process=False)
+        engines["B"] = Engine("lmc-B", model, engine_cfg(servers[2]["mq"]), cpu=1, log_dir=str(d), one_process=False)
         for e in engines.values():
             e.wait_ready(400)
         yield {"engines": engines, "servers": servers, "procs": procs, "flag": flag, "fault": fault}

@@ -2,8 +2,9 @@
 """One vLLM engine in its own process, driven by JSON lines on stdin (used by the vLLM end-to-end tests).
 
 Usage: ``python engine_proc.py MODEL_DIR CONFIG_JSON``. CONFIG_JSON holds ``kv_transfer`` (a
-``KVTransferConfig`` as a dict, or null for a plain engine) and optionally ``block_size`` (default 32)
-and ``tp`` (tensor_parallel_size, default 1).
+``KVTransferConfig`` as a dict, or null for a plain engine) and optionally ``block_size`` (default 32),
+``tp`` (tensor_parallel_size, default 1) and ``one_process`` (default true: with TP 1, the engine core and
+its worker run in this process).
 Commands, one JSON object per line:
 
 * ``{"op": "generate", "prompts": [[ids...], ...], "max_tokens": n, "params": [dict|null, ...]}``
@@ -56,12 +57,20 @@ def main() -> None:
     cfg = json.loads(cfg_json)
     real_stdout = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM's prints go to stderr
+    one_process = cfg.get("tp", 1) == 1 and cfg.get("one_process", True)
+    if one_process:
+        # One process instead of three (engine core and worker in this one, with the uni executor below):
+        # each vLLM process start imports torch and vLLM again (28-46 CPU s an engine with three, about 10
+        # with one, measured here). Set before vLLM reads its environment.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
 
     kw = {}
     if cfg.get("tp", 1) > 1:
         kw["tensor_parallel_size"] = cfg["tp"]
+    if one_process:
+        kw["distributed_executor_backend"] = "uni"
     if cfg.get("log_stats"):
         kw["disable_log_stats"] = False
     if cfg.get("kv_transfer"):

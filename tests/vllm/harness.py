@@ -71,7 +71,7 @@ class Engine:
 
     def __init__(self, name: str, model_dir: str, kv_transfer: Optional[Dict[str, Any]], cpu: int,
                  env: Optional[Dict[str, str]] = None, log_dir: Optional[str] = None, prefix_caching: bool = True,
-                 log_stats: bool = False, block_size: int = 32, tp: int = 1):
+                 log_stats: bool = False, block_size: int = 32, tp: int = 1, one_process: bool = True):
         self.name = name
         e = dict(os.environ)
         e.update({"VLLM_CPU_OMP_THREADS_BIND": str(cpu), "PYTHONPATH": HERE + os.pathsep + e.get("PYTHONPATH", ""),
@@ -81,7 +81,7 @@ class Engine:
         self.log_path = os.path.join(log_dir or "/tmp", f"vllm-{name}-{os.getpid()}.log")
         self._log = open(self.log_path, "w")
         cfg = {"kv_transfer": kv_transfer, "prefix_caching": prefix_caching, "log_stats": log_stats,
-               "block_size": block_size, "tp": tp}
+               "block_size": block_size, "tp": tp, "one_process": one_process}
         self.proc = subprocess.Popen([sys.executable, ENGINE, model_dir, json.dumps(cfg)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, env=e, text=True, bufsize=1,
                                      process_group=0)
