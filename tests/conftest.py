@@ -99,8 +99,10 @@ def pytest_collection_modifyitems(config, items):
     if not shard:
         return
     i, n = (int(x) for x in shard.split("/"))
-    files = sorted({item.nodeid.split("::")[0] for item in items})
-    mine = {f for k, f in enumerate(files) if k % n == i}
-    keep = [item for item in items if item.nodeid.split("::")[0] in mine]
-    config.hook.pytest_deselected(items=[item for item in items if item.nodeid.split("::")[0] not in mine])
+    file_of = {item: item.nodeid.split("::")[0] for item in items}
+    mine = set(sorted(set(file_of.values()))[i::n])
+    keep, drop = [], []
+    for item in items:
+        (keep if file_of[item] in mine else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
     items[:] = keep
