@@ -2,11 +2,13 @@
 // CRC32C, reflected polynomial 0x82F63B78. The hardware loop runs three independent CRCs over three
 // adjacent blocks at once (the crc32 instruction has a latency of 3 cycles and a throughput of 1) and
 // joins them with precomputed "append N zero bytes" operators (after Mark Adler's crc32c.c). On x86-64
-// CPUs with AVX-512 and VPCLMULQDQ, long buffers are folded 256 bytes at a time with carry-less
-// multiplications instead (Intel's "Fast CRC computation using PCLMULQDQ", about 3x the crc32 loop),
-// and the last 16 folded bytes go through the crc32 instruction.
+// CPUs with VPCLMULQDQ, long buffers are folded 256 bytes at a time with carry-less multiplications
+// instead (Intel's "Fast CRC computation using PCLMULQDQ"): 512-bit lanes with AVX-512, 256-bit ones
+// with AVX2 (AMD Zen 3, Intel client cores without AVX-512); the last 16 folded bytes go through the
+// crc32 instruction.
 #include "security/crc32c.h"
 
+#include <algorithm>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -90,11 +92,23 @@ void ZerosOp(uint32_t even[32], size_t len) {
   memcpy(even, odd, sizeof(odd));
 }
 
+// The operator for any `len` zero bytes: the product of those of its bits.
+void ZerosOpAny(uint32_t out[32], size_t len) {
+  for (int n = 0; n < 32; ++n) out[n] = 1u << n;
+  for (size_t bit = 1; bit != 0 && bit <= len; bit <<= 1) {
+    if ((len & bit) == 0) continue;
+    uint32_t op[32], prod[32];
+    ZerosOp(op, bit);
+    for (int n = 0; n < 32; ++n) prod[n] = Gf2Times(op, out[n]);
+    memcpy(out, prod, sizeof(prod));
+  }
+}
+
 struct Shift {
   uint32_t t[4][256];
   explicit Shift(size_t len) {
     uint32_t op[32];
-    ZerosOp(op, len);
+    ZerosOpAny(op, len);
     for (uint32_t n = 0; n < 256; ++n)
       for (int k = 0; k < 4; ++k) t[k][n] = Gf2Times(op, n << (8 * k));
   }
@@ -203,10 +217,95 @@ KVB_FOLD_TARGET uint32_t FoldRaw(uint32_t c, const uint8_t *p, size_t n, size_t 
   return static_cast<uint32_t>(_mm_crc32_u64(_mm_crc32_u64(0, lo), hi));
 }
 
-bool CpuCanFold() {
+#define KVB_FOLD256_TARGET __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.2")))
+KVB_FOLD256_TARGET inline __m256i Fold256(__m256i x, __m256i k, __m256i data) {
+  return _mm256_xor_si256(_mm256_xor_si256(_mm256_clmulepi64_epi128(x, k, 0x00), _mm256_clmulepi64_epi128(x, k, 0x11)),
+                          data);
+}
+KVB_FOLD256_TARGET inline __m256i Broadcast256(const uint64_t k[2]) {
+  const long long lo = static_cast<long long>(k[0]), hi = static_cast<long long>(k[1]);
+  return _mm256_set_epi64x(hi, lo, hi, lo);
+}
+KVB_FOLD256_TARGET inline __m128i Fold128v(__m128i x, const uint64_t k[2], __m128i data) {
+  const __m128i kk = _mm_set_epi64x(static_cast<long long>(k[1]), static_cast<long long>(k[0]));
+  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, kk, 0x00), _mm_clmulepi64_si128(x, kk, 0x11)), data);
+}
+
+// FoldRaw with eight 256-bit accumulators (16 lanes of 16 bytes: enough independent multiplications
+// to cover their latency).
+KVB_FOLD256_TARGET uint32_t FoldRaw256(uint32_t c, const uint8_t *p, size_t n, size_t *done) {
+  const FoldConsts &f = Folds();
+  __m256i x[8];
+  for (int i = 0; i < 8; ++i) x[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 32 * i));
+  x[0] = _mm256_xor_si256(x[0], _mm256_zextsi128_si256(_mm_cvtsi32_si128(static_cast<int>(c))));
+  size_t off = 256;
+  const __m256i k256 = Broadcast256(f.k[0]);
+  for (; n - off >= 256; off += 256)
+    for (int i = 0; i < 8; ++i)
+      x[i] = Fold256(x[i], k256, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + off + 32 * i)));
+  const __m256i k32 = Broadcast256(f.k[3]);
+  for (int i = 1; i < 8; ++i) x[i] = Fold256(x[i - 1], k32, x[i]);  // eight accumulators into x[7]
+  __m128i a = Fold128v(_mm256_castsi256_si128(x[7]), f.k[4], _mm256_extracti128_si256(x[7], 1));
+  for (; n - off >= 16; off += 16) a = Fold128v(a, f.k[4], _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + off)));
+  *done = off;
+  const uint64_t lo = static_cast<uint64_t>(_mm_cvtsi128_si64(a)), hi = static_cast<uint64_t>(_mm_extract_epi64(a, 1));
+  return static_cast<uint32_t>(_mm_crc32_u64(_mm_crc32_u64(0, lo), hi));
+}
+
+// Folding and the crc32 instruction use different execution units: the hybrid runs both at once
+// over one block of kHybridBytes, the first kHybridFold bytes folded 256 at a time and the rest as
+// three crc32 streams of kHybridLane bytes, 64 bytes of each stream per fold step; the parts are
+// joined by the "append zero bytes" tables. On AMD Zen 3 each alone does about 8 bytes a cycle.
+constexpr size_t kHybridSteps = 32, kHybridFold = 256 * kHybridSteps, kHybridLane = 64 * kHybridSteps;
+constexpr size_t kHybridBytes = kHybridFold + 3 * kHybridLane;
+const Shift &LaneShift() {
+  static const Shift s(kHybridLane);
+  return s;
+}
+const Shift &StreamsShift() {
+  static const Shift s(3 * kHybridLane);
+  return s;
+}
+
+KVB_FOLD256_TARGET inline __m256i Load256(const uint8_t *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
+
+KVB_FOLD256_TARGET uint32_t HybridBlock(uint32_t c, const uint8_t *p) {
+  const FoldConsts &f = Folds();
+  const uint8_t *s = p + kHybridFold;  // stream 0; streams 1 and 2 follow, kHybridLane apart
+  __m256i x[8];
+  for (int i = 0; i < 8; ++i) x[i] = Load256(p + 32 * i);
+  x[0] = _mm256_xor_si256(x[0], _mm256_zextsi128_si256(_mm_cvtsi32_si128(static_cast<int>(c))));
+  const __m256i k256 = Broadcast256(f.k[0]);
+  uint64_t c0 = 0, c1 = 0, c2 = 0;
+  for (size_t step = 0; step < kHybridSteps; ++step) {
+    if (step + 1 < kHybridSteps)
+      for (int i = 0; i < 8; ++i) x[i] = Fold256(x[i], k256, Load256(p + 256 * (step + 1) + 32 * i));
+    for (size_t o = 64 * step; o < 64 * step + 64; o += 8) {
+      uint64_t w0, w1, w2;
+      memcpy(&w0, s + o, 8);
+      memcpy(&w1, s + kHybridLane + o, 8);
+      memcpy(&w2, s + 2 * kHybridLane + o, 8);
+      c0 = _mm_crc32_u64(c0, w0);
+      c1 = _mm_crc32_u64(c1, w1);
+      c2 = _mm_crc32_u64(c2, w2);
+    }
+  }
+  const __m256i k32 = Broadcast256(f.k[3]);
+  for (int i = 1; i < 8; ++i) x[i] = Fold256(x[i - 1], k32, x[i]);
+  const __m128i a = Fold128v(_mm256_castsi256_si128(x[7]), f.k[4], _mm256_extracti128_si256(x[7], 1));
+  const uint64_t lo = static_cast<uint64_t>(_mm_cvtsi128_si64(a)), hi = static_cast<uint64_t>(_mm_extract_epi64(a, 1));
+  const uint32_t folded = static_cast<uint32_t>(_mm_crc32_u64(_mm_crc32_u64(0, lo), hi));
+  const Shift &lane = LaneShift();
+  const uint32_t streams = lane(lane(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1)) ^ static_cast<uint32_t>(c2);
+  return StreamsShift()(folded) ^ streams;
+}
+
+// The widest fold this CPU runs: 512, 256, or 0 (none).
+int CpuFoldBits() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul");
+  if (!__builtin_cpu_supports("vpclmulqdq") || !__builtin_cpu_supports("pclmul")) return 0;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return 512;
+  return __builtin_cpu_supports("avx2") ? 256 : 0;
 }
 #endif
 
@@ -222,23 +321,15 @@ KVB_CRC_TARGET uint32_t ThreeWay(uint32_t c, const uint8_t *p, size_t len, const
   return shift(shift(c) ^ c1) ^ c2;
 }
 
-#if defined(__x86_64__)
 constexpr size_t kFoldMin = 1024;  // below it the crc32 loop wins: folding has a fixed cost
-bool UseFolding() {
-  static const bool yes = [] {
-    if (!CpuCanFold()) return false;
-    Folds();
-    return true;
-  }();
-  return yes;
-}
-#endif
 
-KVB_CRC_TARGET uint32_t HardwareRaw(uint32_t c, const uint8_t *p, size_t n) {
+KVB_CRC_TARGET uint32_t HardwareRaw(Crc32cKernel k, uint32_t c, const uint8_t *p, size_t n) {
 #if defined(__x86_64__)
-  if (n >= kFoldMin && UseFolding()) {
+  if (k == Crc32cKernel::kHybrid256)
+    for (; n >= kHybridBytes; n -= kHybridBytes, p += kHybridBytes) c = HybridBlock(c, p);
+  if (n >= kFoldMin && k >= Crc32cKernel::kFold256) {
     size_t done = 0;
-    c = FoldRaw(c, p, n, &done);
+    c = k == Crc32cKernel::kFold512 ? FoldRaw(c, p, n, &done) : FoldRaw256(c, p, n, &done);
     p += done;
     n -= done;
   }
@@ -251,32 +342,56 @@ KVB_CRC_TARGET uint32_t HardwareRaw(uint32_t c, const uint8_t *p, size_t n) {
   return c;
 }
 
-bool UseHardware() {
-  static const bool yes = [] {
-    if (!CpuHasCrc()) return false;
-    LongShift();  // build the tables once, before any transfer needs them
-    ShortShift();
-    return true;
-  }();
-  return yes;
+Crc32cKernel Detect() {
+  if (!CpuHasCrc()) return Crc32cKernel::kPortable;
+  LongShift();  // build the tables once, before any transfer needs them
+  ShortShift();
+#if defined(__x86_64__)
+  Folds();
+  const int bits = CpuFoldBits();
+  if (bits == 256) {
+    LaneShift();
+    StreamsShift();
+    return Crc32cKernel::kHybrid256;
+  }
+  if (bits == 512) return Crc32cKernel::kFold512;
+#endif
+  return Crc32cKernel::kInstructions;
 }
 #else
-bool UseHardware() { return false; }
+Crc32cKernel Detect() { return Crc32cKernel::kPortable; }
 #endif
 
 }  // namespace
 
-uint32_t Crc32cPortable(uint32_t crc, const void *p, size_t n) {
+Crc32cKernel Crc32cBest() {
+  static const Crc32cKernel best = Detect();
+  return best;
+}
+
+uint32_t Crc32cWith(Crc32cKernel k, uint32_t crc, const void *p, size_t n) {
+  k = std::min(k, Crc32cBest());
+#if defined(KVB_CRC_TARGET)
+  if (k != Crc32cKernel::kPortable) return ~HardwareRaw(k, ~crc, static_cast<const uint8_t *>(p), n);
+#endif
   return ~PortableRaw(~crc, static_cast<const uint8_t *>(p), n);
 }
 
-uint32_t Crc32c(uint32_t crc, const void *p, size_t n) {
-#if defined(KVB_CRC_TARGET)
-  if (UseHardware()) return ~HardwareRaw(~crc, static_cast<const uint8_t *>(p), n);
-#endif
-  return Crc32cPortable(crc, p, n);
-}
+uint32_t Crc32cPortable(uint32_t crc, const void *p, size_t n) { return Crc32cWith(Crc32cKernel::kPortable, crc, p, n); }
 
-bool Crc32cHardware() { return UseHardware(); }
+uint32_t Crc32c(uint32_t crc, const void *p, size_t n) { return Crc32cWith(Crc32cBest(), crc, p, n); }
+
+bool Crc32cHardware() { return Crc32cBest() != Crc32cKernel::kPortable; }
+
+const char *Crc32cKernelName(Crc32cKernel k) {
+  switch (k) {
+    case Crc32cKernel::kPortable: return "portable";
+    case Crc32cKernel::kInstructions: return "crc32";
+    case Crc32cKernel::kFold256: return "fold256";
+    case Crc32cKernel::kHybrid256: return "hybrid256";
+    case Crc32cKernel::kFold512: return "fold512";
+  }
+  return "?";
+}
 
 }  // namespace kvblocks

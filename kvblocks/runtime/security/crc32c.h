@@ -17,6 +17,15 @@ uint32_t Crc32cPortable(uint32_t crc, const void *p, size_t n);
 // True when Crc32c uses the CPU's instructions.
 bool Crc32cHardware();
 
+// The implementations, slowest first: slice-by-8 tables, the crc32 instruction, carry-less folding
+// of 256- or 512-bit lanes (x86-64 with VPCLMULQDQ and AVX2 or AVX-512). Crc32c uses the best the CPU
+// has; Crc32cWith runs a given one (one the CPU lacks becomes the best it has below it), so tests
+// cover each and benchmarks compare them.
+enum class Crc32cKernel { kPortable, kInstructions, kFold256, kHybrid256, kFold512 };
+Crc32cKernel Crc32cBest();
+uint32_t Crc32cWith(Crc32cKernel k, uint32_t crc, const void *p, size_t n);
+const char *Crc32cKernelName(Crc32cKernel k);
+
 }  // namespace kvblocks
 
 #endif  // KVBLOCKS_RUNTIME_SECURITY_CRC32C_H_
