@@ -286,3 +286,16 @@ def test_hixl_reads_writes_and_layerwise_pushes_are_counted():
     finally:
         b.finalize()
         a.finalize()
+
+
+def test_readme_lists_every_metric_family():
+    """Contract: README "Metrics"' table names every family the exposition renders (counters with
+    their `_total`), and no other: the operator's list cannot drift from the code."""
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    section = readme.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    listed = set()
+    for line in section.splitlines():
+        if line.startswith("| `kvblocks_"):
+            listed.update(n.strip("` ") for n in line.split("|")[1].split(","))
+    rendered = {name + ("_total" if kind == "counter" else "") for name, (kind, _) in prom._HELP.items()}
+    assert listed == rendered, (sorted(rendered - listed), sorted(listed - rendered))
