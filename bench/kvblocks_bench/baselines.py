@@ -1,12 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """Baselines measured beside the kvblocks cases: numpy memcpy and block gather, raw CMA
-syscalls, a raw loopback socket (sink, source, 8-byte ping-pong and a block round trip) and a
-pure-Python block-list check."""
+syscalls, a raw loopback socket (sink, source, 8-byte ping-pong and a block round trip), the same
+sink and source through Python's ``ssl`` (the system's OpenSSL used directly) and a pure-Python
+block-list check."""
 from __future__ import annotations
 
+import functools
 import itertools
 import os
+import shutil
 import socket
+import subprocess
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -99,14 +104,50 @@ def _move_views(io, views, nbytes):
         n = io(views)
 
 
+def tls_baseline_available():
+    """Whether the raw TLS baselines can run: Python's ssl module and the ``openssl`` command (which
+    makes their throwaway certificate). Raises nothing."""
+    try:
+        import ssl  # noqa: F401
+    except ImportError:
+        return False
+    return shutil.which("openssl") is not None
+
+
+@functools.lru_cache(maxsize=None)
+def _tls_context(server):
+    """A TLS 1.3 context of Python's ssl module: the server's with a throwaway self-signed P-256
+    certificate made by the ``openssl`` command, the client's verifying nothing (a benchmark over
+    loopback). Raises OSError or subprocess.CalledProcessError when the certificate cannot be made."""
+    import ssl
+
+    if not server:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    else:
+        d = tempfile.mkdtemp(prefix="kvb-bench-tls-")
+        cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                        "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=kvblocks-bench"],
+                       check=True, capture_output=True, timeout=60)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        shutil.rmtree(d, ignore_errors=True)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    return ctx
+
+
 def _raw_conn(conn):
     """'S' = sink (8-byte length, payload, 1-byte ack), 'R' = source (8-byte length; the payload
     back, C send() of 1 MiB writes), 'P' = 8-byte echo, 'B' = block source (an 8-byte list index;
-    that list's blocks back in one sendmsg)."""
+    that list's blocks back in one sendmsg); 'T' and 'U': 'S' and 'R' inside TLS 1.3 (Python's ssl,
+    the payload in one sendall)."""
     import ctypes
 
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     mode = conn.recv(1)
+    if mode in (b"T", b"U"):
+        conn = _tls_context(True).wrap_socket(conn, server_side=True)
     hdr = bytearray(8)
     buf = bytearray(1)
     send = _libc_io("send")
@@ -125,6 +166,9 @@ def _raw_conn(conn):
                 buf = bytearray(n)
             if mode == b"R":
                 c_stream(conn.fileno(), ctypes.addressof((ctypes.c_char * n).from_buffer(buf)), n, MiB, send)
+                continue
+            if mode == b"U":
+                conn.sendall(memoryview(buf)[:n])
                 continue
             _recv_exact(conn, memoryview(buf)[:n])
             conn.sendall(b"k")
@@ -285,6 +329,37 @@ def raw_send_case(size):
 
     return Case(f"tcp/raw-send/{size}", "tcp", make, bytes=nbytes, reps=size, path="raw",
                 note="Python sendall of the same bytes to the peer process + 1-byte ack", pgroup=f"tcp-{size}")
+
+
+def raw_tls_case(size, direction):
+    """The bytes of one ``size`` call inside TLS 1.3 through Python's ssl module (the system's
+    OpenSSL used directly, its default suite): "push" sends them to the peer's TLS sink, which acks;
+    "pull" sends an 8-byte request and reads them from the peer's TLS source. Raises nothing; the
+    case's ``fn`` raises RuntimeError on a bad ack, EOFError or OSError on socket errors, and its
+    ``make`` OSError or subprocess.CalledProcessError when no certificate can be made."""
+    L, nb, bb, B = SIZES[size]
+    nbytes = 2 * L * B * bb
+
+    def make(h):
+        raw = _raw_socket(h, b"T" if direction == "push" else b"U")
+        s = _tls_context(False).wrap_socket(raw)
+        h.sockets.append(s)
+        payload = memoryview(bytearray(nbytes))
+        hdr = nbytes.to_bytes(8, "little")
+
+        def fn():
+            s.sendall(hdr)
+            if direction == "pull":
+                _recv_exact(s, payload)
+                return
+            s.sendall(payload)
+            if s.recv(1) != b"k":
+                raise RuntimeError("raw TLS sink: bad ack")
+        return fn, None
+
+    return Case(f"tls/raw-openssl/{size}/{direction}", "encryption", make, bytes=nbytes, reps=size, path="raw",
+                note="Python's ssl (the same libssl, TLS 1.3, its default suite AES-256-GCM) over loopback: "
+                     "the same bytes in one sendall, read with recv_into", pgroup=f"encryption-{size}")
 
 
 # way: (raw server mode, libc call, bytes per call, id, note)

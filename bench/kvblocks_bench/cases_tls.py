@@ -21,7 +21,11 @@ def tls_available():
 
 def tls_cases(transfer_case):
     """The encryption group: ``transfer_case(path, size, direction, pattern)`` makes each row, its
-    baseline the same row over the clear tcp path. Empty when OpenSSL 3 is absent. Raises nothing."""
+    baseline the same row over the clear tcp path; the large rows are also timed beside the same
+    bytes through Python's ssl (the system's OpenSSL used directly: baselines.raw_tls_case) where
+    the ``openssl`` command can make its certificate. Empty when OpenSSL 3 is absent. Raises nothing."""
+    from . import baselines as bl
+
     if not tls_available():
         return []
     out = []
@@ -29,5 +33,9 @@ def tls_cases(transfer_case):
         c = transfer_case("tls", size, d, p)
         c.group, c.baseline, c.pgroup = "encryption", f"tcp/{size}/{d}/{p}", f"encryption-{size}"
         c.note = "TLS 1.3 (AES-128-GCM, PSK + ECDHE), user space: time ratio to the same transfer in clear"
+        if size == "large" and bl.tls_baseline_available():
+            raw = bl.raw_tls_case(size, d)
+            c.beside = (raw.id,)
+            out.append(raw)
         out.append(c)
     return out

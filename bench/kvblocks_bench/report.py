@@ -79,7 +79,7 @@ def targets_table(tg, markdown=False):
     Raises:
         ImportError: tabulate is not installed.
     """
-    lines = [[t["target"], t["value"], t["goal"], "yes" if t["ok"] else "NO", t["detail"]] for t in tg]
+    lines = [[t["target"], t["value"], t["goal"], "-" if t["ok"] is None else "yes" if t["ok"] else "NO", t["detail"]] for t in tg]
     return _tabulate(["target", "measured", "goal", "holds", "detail"], lines, markdown)
 
 

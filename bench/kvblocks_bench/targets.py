@@ -67,6 +67,27 @@ def _integrity(by, add):
                 f"{r['GBps']:.2f} vs {gb:.2f} GB/s (interleaved)")
 
 
+def _encryption(by, add):
+    """kvblocks.Encryption=tls against the same transfer in clear (issue 30's bounds), with the same
+    bytes through the system's OpenSSL used directly (Python's ssl) where it was timed beside."""
+    for d in ("pull", "push"):
+        r = by.get(f"tls/large/{d}/contig")
+        if not (r and r.get("ratio")):
+            continue
+        v = 1 / r["ratio"]  # clear time / TLS time, the same rounds: the bandwidth ratio
+        detail = f"{r['GBps']:.2f} vs {r['bytes'] / _base_med(r, by) / 1e9:.2f} GB/s in clear (interleaved)"
+        raw = by.get(f"tls/raw-openssl/large/{d}")
+        if raw:
+            bw, gb, how = _bw_vs(r, raw)
+            detail += f"; OpenSSL used directly (Python ssl): {gb:.2f} GB/s, kvblocks {bw:.2f}x its bandwidth ({how})"
+        add(f"tls large {d} vs clear", f"{v:.2f}x bw", ">= 0.5x" if d == "pull" else "-", v >= 0.5 if d == "pull" else None,
+            detail)
+    r = by.get("tls/small/pull/random")
+    if r and r.get("ratio"):
+        add("tls small pull random vs clear", f"{r['ratio']:.2f}x", "<= 1.5x", r["ratio"] <= 1.5,
+            f"{r['median_s'] * 1e6:.1f} us vs {_base_med(r, by) * 1e6:.1f} us in clear (interleaved)")
+
+
 def _limits(by, add):
     """Issue 13's same-host targets: shm at the memory bandwidth, cma near shm and ahead of raw CMA."""
     r = by.get("shm/large/pull/random/loaded")
@@ -237,6 +258,7 @@ def targets(rows, peer_rows):
     _limits(by, add)
     _tcp(by, add)
     _integrity(by, add)
+    _encryption(by, add)
     _ucx(by, pe, add)
     _inprocess(by, add)
     _async(by, add)
