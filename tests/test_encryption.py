@@ -4,8 +4,10 @@ links, keyed by kvblocks.AuthToken (PSK with an ephemeral ECDHE share) or by cer
 runs a real second process over real sockets; the relay tests put a recording byte relay
 (tests/tap_relay.py) between the two, with the same relay in clear as the negative control."""
 import ctypes
+import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -15,8 +17,8 @@ import numpy as np
 import pytest
 
 import kvblocks as kb
-from conftest import cluster, free_port, mix_engine
-from procs import Peer
+from conftest import TIME_SCALE, cluster, free_port, mix_engine
+from procs import Peer, wait_stopped
 
 try:
     ctypes.CDLL("libssl.so.3")
@@ -95,6 +97,84 @@ def test_encrypted_pull_push_async_move_the_right_bytes():
         for t in range(TENSORS):
             assert np.array_equal(p.read("alloc", t), mine.numpy(t).reshape(-1))
     finally:
+        e.finalize()
+        p.close()
+
+
+# A transfer of 20 MiB: over kvblocks' 16 MiB stripe threshold (common/limits.h kStripeMinBytes).
+LARGE_TENSORS, LARGE_BLOCKS = 4, 80
+
+
+def _channels(e, peer_id):
+    return next(x for x in e.metrics()["peers"] if x["peer"] == peer_id)["data_channels"]
+
+
+def _large_pair(wait_ms=5000):
+    port = free_port()
+    p = Peer(1, listen=f"127.0.0.1:{port}", transport="tcp", tensors=LARGE_TENSORS, blocks=LARGE_BLOCKS,
+             block_bytes=BLOCK_BYTES, wait_ms=wait_ms, auth=TOKEN, options=TLS)
+    e = engine(2, **{kb.OPTION_SYNC_CACHE_WAIT_TIME: str(wait_ms)})
+    assert e.link_llm_clusters([cluster(1, port)]) == [kb.Status.LLM_SUCCESS]
+    mine = e.allocate_cache(kb.CacheDesc(LARGE_TENSORS, kb.DataType.DT_UINT8, [LARGE_BLOCKS, BLOCK_BYTES]))
+    return p, e, mine
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="striping needs a second CPU for its copy thread")
+def test_a_large_encrypted_transfer_is_striped_over_channels():
+    """Contract: an encrypted transfer of 16 MiB or more goes over one channel per core (up to 4), its
+    tensors split between them, and moves the right bytes both ways; small ones open no channel."""
+    sys.path.insert(0, HERE)
+    from peer import pattern
+
+    p, e, mine = _large_pair()
+    try:
+        idx, blocks = kb.CacheIndex(1, p.info["alloc"]), list(range(LARGE_BLOCKS))
+        e.pull_kv_blocks(idx, mine, [0], [0])  # 256 KiB: one channel, which the large pull's first stripe reuses
+        e.pull_kv_blocks(idx, mine, [1], [1])
+        before = _channels(e, 1)
+        e.pull_kv_blocks(idx, mine, blocks, blocks)
+        stripes = min(len(os.sched_getaffinity(0)), 4, LARGE_TENSORS)  # a stripe per copy-pool thread and the caller
+        assert _channels(e, 1) == before + stripes - 1
+        for t in range(LARGE_TENSORS):
+            assert np.array_equal(mine.numpy(t), pattern(1, t, LARGE_BLOCKS, BLOCK_BYTES)), t
+        for t in range(LARGE_TENSORS):
+            mine.numpy(t)[:] ^= 0x5A
+        e.push_kv_blocks(mine, idx, blocks, blocks)
+        for t in range(LARGE_TENSORS):
+            assert np.array_equal(p.read("alloc", t), mine.numpy(t).reshape(-1)), t
+    finally:
+        e.finalize()
+        p.close()
+
+
+def test_a_striped_pull_from_a_frozen_peer_keeps_its_deadline():
+    """Contract: a striped encrypted pull from a peer frozen (SIGSTOP) before it answers fails with
+    LLM_TIMEOUT within its deadline, every stripe stopped: no byte of the destination changes after
+    the call returns, also once the peer runs again."""
+    wait_ms = 1000
+    p, e, mine = _large_pair(wait_ms)
+    try:
+        idx, blocks = kb.CacheIndex(1, p.info["alloc"]), list(range(LARGE_BLOCKS))
+        e.pull_kv_blocks(idx, mine, [0], [0])  # the link works; its channel is open
+        for t in range(LARGE_TENSORS):
+            mine.numpy(t)[:] = 0xEE
+
+        def digest():
+            return hashlib.sha256(b"".join(bytes(mine.tensor(t)) for t in range(LARGE_TENSORS))).hexdigest()
+
+        before = digest()
+        os.kill(p.info["pid"], signal.SIGSTOP)
+        wait_stopped(p.info["pid"])
+        t0 = time.monotonic()
+        with pytest.raises(kb.LLMTimeoutError):
+            e.pull_kv_blocks(idx, mine, blocks, blocks)
+        assert time.monotonic() - t0 <= wait_ms / 1000 + 0.1 * TIME_SCALE
+        assert digest() == before
+        os.kill(p.info["pid"], signal.SIGCONT)
+        time.sleep(1.0)
+        assert digest() == before
+    finally:
+        os.kill(p.info["pid"], signal.SIGCONT)
         e.finalize()
         p.close()
 

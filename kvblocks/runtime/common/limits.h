@@ -81,6 +81,9 @@ constexpr uint64_t kLowatMinBytes = 2 * kRecvLowatBytes;
 // sends its window update only when the call ends, so a 64 MiB call leaves the other end idle:
 // 1 MiB calls took 256 MiB of random 64 KiB blocks over loopback 1.4-1.6x faster than 64 MiB ones.
 constexpr uint64_t kSocketCallBytes = 1ULL << 20;
+// An encrypted transfer at least this large is striped over channels, one per copy thread and the
+// caller's (tcp_path.cc): below it, a second channel's wake-ups cost more than its cipher time saves.
+constexpr uint64_t kStripeMinBytes = 16ULL << 20;
 
 // ---- copies
 // Large one-sided copies are split over a few threads: one core cannot saturate memory bandwidth

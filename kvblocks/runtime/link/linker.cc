@@ -165,6 +165,7 @@ std::shared_ptr<Link> Linker::NewLink(uint64_t remote_cluster_id, LinkInfo *info
   link->peer = info->identity;
   link->capabilities = info->capabilities & OfferedCapabilities(opt_.backends);
   link->integrity = opt_.backends.integrity;
+  link->encrypted = opt_.tls != nullptr;
   for (TableEntry &e : info->caches) link->caches.emplace(e.id, RemoteCache(std::move(e)));
   std::vector<TableEntry>().swap(info->caches);
   return link;

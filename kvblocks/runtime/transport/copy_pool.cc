@@ -87,6 +87,8 @@ class Pool {
     return *pool;
   }
 
+  size_t threads() const { return threads_; }
+
   bool Run(Job &j) {
     if (threads_ == 0 || getpid() != pid_) return false;
     bool wake;
@@ -188,6 +190,8 @@ class Pool {
 };
 
 }  // namespace
+
+size_t CopyThreads() { return Pool::Get().threads(); }
 
 Status RunChunks(size_t n, uint64_t bytes, ChunkFn fn) {
   Job j{fn, n};

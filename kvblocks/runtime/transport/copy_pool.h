@@ -54,6 +54,9 @@ class ChunkFn {
 // returns it; when it returns, no thread is still inside fn.
 llm_datadist::Status RunChunks(size_t n, uint64_t bytes, ChunkFn fn);
 
+// The pool's threads (beside the caller's): up to kMaxCopyThreads - 1, fewer on fewer CPUs.
+size_t CopyThreads();
+
 template <typename Fn>
 void Chunking::ForEach(size_t c, Fn &&fn) const {
   const std::vector<Segment> &segs = plan_.segs;

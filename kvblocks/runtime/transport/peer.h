@@ -67,6 +67,7 @@ struct PeerLink {
   LocalPeer local;            // kernel-verified same-host peer (pid, pidfd, memfds); pid 0 when none
   uint64_t capabilities = 0;  // offered by both sides
   bool integrity = false;     // kvblocks.Integrity=crc32c on our side: our served requests carry CRC32C
+  bool encrypted = false;     // kvblocks.Encryption=tls: every connection of the link runs TLS
   bool same_process = false;  // verified: the peer proved it is an engine of this process
   bool same_host = false;     // verified: same_process or local.pid
   // The backends that may reach the peer, most preferred first, each with its state for this peer
