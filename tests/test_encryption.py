@@ -101,7 +101,7 @@ def test_encrypted_pull_push_async_move_the_right_bytes():
         p.close()
 
 
-# A transfer of 20 MiB: over kvblocks' 16 MiB stripe threshold (common/limits.h kStripeMinBytes).
+# A transfer of 20 MiB: over the stripe threshold (common/limits.h kStripeMinBytes, 2 MiB).
 LARGE_TENSORS, LARGE_BLOCKS = 4, 80
 
 
@@ -121,7 +121,7 @@ def _large_pair(wait_ms=5000):
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="striping needs a second CPU for its copy thread")
 def test_a_large_encrypted_transfer_is_striped_over_channels():
-    """Contract: an encrypted transfer of 16 MiB or more goes over one channel per core (up to 4), its
+    """Contract: an encrypted transfer of 2 MiB or more goes over one channel per core (up to 4), its
     tensors split between them, and moves the right bytes both ways; small ones open no channel."""
     sys.path.insert(0, HERE)
     from peer import pattern
