@@ -83,7 +83,7 @@ constexpr uint64_t kLowatMinBytes = 2 * kRecvLowatBytes;
 constexpr uint64_t kSocketCallBytes = 1ULL << 20;
 // An encrypted transfer at least this large is striped over channels, one per copy thread and the
 // caller's (tcp_path.cc); it is the copy pool's own threshold (kParallelBytes, below). TLS pulls over
-// loopback, 2 cores, median of 7: 2 MiB 2.50 -> 1.49 ms, 8 MiB 9.77 -> 5.70 ms, 16 MiB 16.5 -> 11.3 ms.
+// loopback, 2 cores, median of 7: 2 MiB 2.50 -> 1.49 ms, 8 MiB 9.77 -> 5.70 ms, 15 MiB 16.5 -> 11.5 ms.
 constexpr uint64_t kStripeMinBytes = 2ULL << 20;
 
 // ---- copies
