@@ -178,14 +178,22 @@ const FoldConsts &Folds() {
   return f;
 }
 
+// 128-bit steps shared by both widths: the narrower target, so the 512-bit code can inline them.
+#define KVB_FOLD256_TARGET __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.2")))
+KVB_FOLD256_TARGET inline __m128i Fold128(__m128i x, const uint64_t k[2], __m128i data) {
+  const __m128i kk = _mm_set_epi64x(static_cast<long long>(k[1]), static_cast<long long>(k[0]));
+  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, kk, 0x00), _mm_clmulepi64_si128(x, kk, 0x11)), data);
+}
+// Folded 16 bytes, as data after a zero CRC, have the CRC of everything folded into them.
+KVB_FOLD256_TARGET inline uint32_t CrcOfFolded(__m128i a) {
+  const uint64_t lo = static_cast<uint64_t>(_mm_cvtsi128_si64(a)), hi = static_cast<uint64_t>(_mm_extract_epi64(a, 1));
+  return static_cast<uint32_t>(_mm_crc32_u64(_mm_crc32_u64(0, lo), hi));
+}
+
 #define KVB_FOLD_TARGET __attribute__((target("avx512f,avx512vl,vpclmulqdq,pclmul,sse4.2")))
 KVB_FOLD_TARGET inline __m512i Fold512(__m512i x, __m512i k, __m512i data) {
   return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, k, 0x00), _mm512_clmulepi64_epi128(x, k, 0x11), data,
                                    0x96);
-}
-KVB_FOLD_TARGET inline __m128i Fold128(__m128i x, const uint64_t k[2], __m128i data) {
-  const __m128i kk = _mm_set_epi64x(static_cast<long long>(k[1]), static_cast<long long>(k[0]));
-  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, kk, 0x00), _mm_clmulepi64_si128(x, kk, 0x11)), data);
 }
 KVB_FOLD_TARGET inline __m512i Broadcast(const uint64_t k[2]) {
   const long long lo = static_cast<long long>(k[0]), hi = static_cast<long long>(k[1]);
@@ -212,12 +220,9 @@ KVB_FOLD_TARGET uint32_t FoldRaw(uint32_t c, const uint8_t *p, size_t n, size_t 
   a = Fold128(_mm512_maskz_extracti32x4_epi32(0xF, x[3], 2), f.k[4], a);
   for (; n - off >= 16; off += 16) a = Fold128(a, f.k[4], _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + off)));
   *done = off;
-  // The folded 16 bytes, as data after a zero CRC, have the CRC of everything folded.
-  const uint64_t lo = static_cast<uint64_t>(_mm_cvtsi128_si64(a)), hi = static_cast<uint64_t>(_mm_extract_epi64(a, 1));
-  return static_cast<uint32_t>(_mm_crc32_u64(_mm_crc32_u64(0, lo), hi));
+  return CrcOfFolded(a);
 }
 
-#define KVB_FOLD256_TARGET __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.2")))
 KVB_FOLD256_TARGET inline __m256i Fold256(__m256i x, __m256i k, __m256i data) {
   return _mm256_xor_si256(_mm256_xor_si256(_mm256_clmulepi64_epi128(x, k, 0x00), _mm256_clmulepi64_epi128(x, k, 0x11)),
                           data);
@@ -226,9 +231,12 @@ KVB_FOLD256_TARGET inline __m256i Broadcast256(const uint64_t k[2]) {
   const long long lo = static_cast<long long>(k[0]), hi = static_cast<long long>(k[1]);
   return _mm256_set_epi64x(hi, lo, hi, lo);
 }
-KVB_FOLD256_TARGET inline __m128i Fold128v(__m128i x, const uint64_t k[2], __m128i data) {
-  const __m128i kk = _mm_set_epi64x(static_cast<long long>(k[1]), static_cast<long long>(k[0]));
-  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, kk, 0x00), _mm_clmulepi64_si128(x, kk, 0x11)), data);
+KVB_FOLD256_TARGET inline __m256i Load256(const uint8_t *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
+// Eight accumulators over 256 consecutive bytes into one 16-byte lane.
+KVB_FOLD256_TARGET inline __m128i Reduce8(__m256i x[8], const FoldConsts &f) {
+  const __m256i k32 = Broadcast256(f.k[3]);
+  for (int i = 1; i < 8; ++i) x[i] = Fold256(x[i - 1], k32, x[i]);
+  return Fold128(_mm256_castsi256_si128(x[7]), f.k[4], _mm256_extracti128_si256(x[7], 1));
 }
 
 // FoldRaw with eight 256-bit accumulators (16 lanes of 16 bytes: enough independent multiplications
@@ -236,20 +244,16 @@ KVB_FOLD256_TARGET inline __m128i Fold128v(__m128i x, const uint64_t k[2], __m12
 KVB_FOLD256_TARGET uint32_t FoldRaw256(uint32_t c, const uint8_t *p, size_t n, size_t *done) {
   const FoldConsts &f = Folds();
   __m256i x[8];
-  for (int i = 0; i < 8; ++i) x[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 32 * i));
+  for (int i = 0; i < 8; ++i) x[i] = Load256(p + 32 * i);
   x[0] = _mm256_xor_si256(x[0], _mm256_zextsi128_si256(_mm_cvtsi32_si128(static_cast<int>(c))));
   size_t off = 256;
   const __m256i k256 = Broadcast256(f.k[0]);
   for (; n - off >= 256; off += 256)
-    for (int i = 0; i < 8; ++i)
-      x[i] = Fold256(x[i], k256, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + off + 32 * i)));
-  const __m256i k32 = Broadcast256(f.k[3]);
-  for (int i = 1; i < 8; ++i) x[i] = Fold256(x[i - 1], k32, x[i]);  // eight accumulators into x[7]
-  __m128i a = Fold128v(_mm256_castsi256_si128(x[7]), f.k[4], _mm256_extracti128_si256(x[7], 1));
-  for (; n - off >= 16; off += 16) a = Fold128v(a, f.k[4], _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + off)));
+    for (int i = 0; i < 8; ++i) x[i] = Fold256(x[i], k256, Load256(p + off + 32 * i));
+  __m128i a = Reduce8(x, f);
+  for (; n - off >= 16; off += 16) a = Fold128(a, f.k[4], _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + off)));
   *done = off;
-  const uint64_t lo = static_cast<uint64_t>(_mm_cvtsi128_si64(a)), hi = static_cast<uint64_t>(_mm_extract_epi64(a, 1));
-  return static_cast<uint32_t>(_mm_crc32_u64(_mm_crc32_u64(0, lo), hi));
+  return CrcOfFolded(a);
 }
 
 // Folding and the crc32 instruction use different execution units: the hybrid runs both at once
@@ -266,8 +270,6 @@ const Shift &StreamsShift() {
   static const Shift s(3 * kHybridLane);
   return s;
 }
-
-KVB_FOLD256_TARGET inline __m256i Load256(const uint8_t *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
 
 KVB_FOLD256_TARGET uint32_t HybridBlock(uint32_t c, const uint8_t *p) {
   const FoldConsts &f = Folds();
@@ -290,11 +292,7 @@ KVB_FOLD256_TARGET uint32_t HybridBlock(uint32_t c, const uint8_t *p) {
       c2 = _mm_crc32_u64(c2, w2);
     }
   }
-  const __m256i k32 = Broadcast256(f.k[3]);
-  for (int i = 1; i < 8; ++i) x[i] = Fold256(x[i - 1], k32, x[i]);
-  const __m128i a = Fold128v(_mm256_castsi256_si128(x[7]), f.k[4], _mm256_extracti128_si256(x[7], 1));
-  const uint64_t lo = static_cast<uint64_t>(_mm_cvtsi128_si64(a)), hi = static_cast<uint64_t>(_mm_extract_epi64(a, 1));
-  const uint32_t folded = static_cast<uint32_t>(_mm_crc32_u64(_mm_crc32_u64(0, lo), hi));
+  const uint32_t folded = CrcOfFolded(Reduce8(x, f));
   const Shift &lane = LaneShift();
   const uint32_t streams = lane(lane(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1)) ^ static_cast<uint32_t>(c2);
   return StreamsShift()(folded) ^ streams;
